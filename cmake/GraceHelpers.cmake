@@ -1,0 +1,38 @@
+# grace_cc_library(NAME n [HDRS ...] [SRCS ...] [DEPS ...])
+#   Defines grace_<n> with the alias grace::<n>; its public headers live in include/.
+#   Without SRCS it is an INTERFACE library.
+function(grace_cc_library)
+  cmake_parse_arguments(ARG "" "NAME" "HDRS;SRCS;DEPS" ${ARGN})
+  set(target grace_${ARG_NAME})
+  if(ARG_SRCS)
+    add_library(${target} STATIC ${ARG_SRCS} ${ARG_HDRS})
+    target_include_directories(${target} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    target_link_libraries(${target} PUBLIC ${ARG_DEPS})
+  else()
+    add_library(${target} INTERFACE ${ARG_HDRS})
+    target_include_directories(${target} INTERFACE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    target_link_libraries(${target} INTERFACE ${ARG_DEPS})
+  endif()
+  add_library(grace::${ARG_NAME} ALIAS ${target})
+endfunction()
+
+# grace_cc_test(NAME n SRCS ... [DEPS ...] [LABELS ...] [TIMEOUT s])
+#   One GoogleTest executable registered with CTest (each TEST a CTest case).
+function(grace_cc_test)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} grace_testing GTest::gtest_main)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  gtest_discover_tests(${ARG_NAME} DISCOVERY_TIMEOUT 60
+                       PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+endfunction()
+
+# grace_cc_bench(NAME n SRCS ... [DEPS ...])
+#   One Google Benchmark executable.
+function(grace_cc_bench)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} benchmark::benchmark_main)
+endfunction()

@@ -1,0 +1,51 @@
+// Internal. Do not include directly.
+//
+// The only grace header that includes liburcu, and the per-thread reader state.
+//
+// It never defines _LGPL_SOURCE itself: that is the application's license decision. With the
+// CMake option GRACE_URCU_LGPL_INLINE=ON, _LGPL_SOURCE is defined for every user of
+// grace::reclaim and liburcu's read side is inlined; otherwise urcu_memb_read_lock/unlock are
+// calls into the shared library. Without URCU_API_MAP, liburcu's rcu_* macros are cleared at
+// the end of <urcu/urcu-memb.h>, so none leak into the application.
+#pragma once
+
+#include <urcu/urcu-memb.h>
+
+#include <cstdint>
+
+namespace grace::detail {
+
+// One per thread, shared by every domain (grace periods are process-wide). Plain fields: only
+// the owning thread touches them.
+struct reader_state {
+  std::uint32_t nesting = 0;        // read_guards held; liburcu is entered at 0 -> 1 only
+  bool registered = false;          // registered with liburcu (urcu_memb_register_thread)
+  bool has_deferred_work = false;   // run_deferred_work_slow() at the outermost unlock
+  bool in_reclaim_worker = false;   // this thread runs a domain's deleters
+};
+
+inline constinit thread_local reader_state tls_reader{};
+
+// Registers the thread with liburcu and arms its unregistration at thread exit.
+[[gnu::cold, gnu::noinline]] void register_thread_slow() noexcept;
+// Work a thread postponed until it left its read sections: back-pressure waits and
+// emergency reclamation (see domain::retire_slow).
+[[gnu::cold, gnu::noinline]] void run_deferred_work_slow() noexcept;
+
+inline void read_lock() noexcept {
+  reader_state& reader = tls_reader;
+  if (!reader.registered) [[unlikely]] register_thread_slow();
+  // liburcu's read lock orders the section's loads after it (memb: compiler barrier, paired
+  // with sys_membarrier in synchronize_rcu); nested guards need no second entry.
+  if (reader.nesting++ == 0) urcu_memb_read_lock();
+}
+
+inline void read_unlock() noexcept {
+  reader_state& reader = tls_reader;
+  if (--reader.nesting == 0) {
+    urcu_memb_read_unlock();
+    if (reader.has_deferred_work) [[unlikely]] run_deferred_work_slow();
+  }
+}
+
+}  // namespace grace::detail

@@ -1,0 +1,202 @@
+// grace::domain: grace-period reclamation with per-CPU batched retire.
+//
+// A domain takes objects that were unlinked from a shared structure and destroys them once
+// every reader that could still see them has left its read section. It batches them per CPU
+// into page-sized blocks, hands each batch of blocks to one grace period, and destroys the
+// batch in bulk on a worker thread (the Linux kfree_rcu() batching).
+//
+//   grace::domain& d = grace::domain::global();
+//   node* old = head.exchange(fresh, std::memory_order_acq_rel);  // unlink
+//   d.retire(old);                                                // deleted after a GP
+//   ...
+//   d.barrier();   // every object retired before this call has now been deleted
+//
+// Threads: each domain runs a grace-period thread (runs liburcu's synchronize_rcu() for
+// whole batches, never more than needed, with no limit of one grace period in flight: the
+// next begins as soon as one ends while work is waiting) and a reclaim worker (runs the
+// deleters, oldest batch first). Retiring threads never run deleters, except on the
+// emergency path (no memory for a block).
+//
+// Guarantees:
+//   - An object passed to retire() is deleted exactly once, after a grace period that began
+//     after the retire() call; never while a read_guard taken before the call is held.
+//   - barrier(): when it returns, every object retired (by any thread) before the call has
+//     been deleted, including objects retired meanwhile by deleters.
+//   - synchronize(): one full grace period; it is never queued behind reclamation work.
+//   - Pending memory is bounded: above the soft limits the engine drains at once; above the
+//     hard limits a retiring thread waits (outside its read sections) until the backlog
+//     falls back under them.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "grace/reclaim/detail/cpu.h"
+#include "grace/reclaim/detail/retire_block.h"
+#include "grace/reclaim/read_guard.h"
+#include "grace/reclaim/system_allocator.h"
+
+namespace grace {
+
+namespace detail {
+class reclaim_engine;
+}  // namespace detail
+
+// How retired objects are grouped into grace periods.
+enum class batching {
+  // Per-CPU page-sized blocks; one grace period serves every block waiting. The default.
+  per_cpu_blocks,
+  // Each object is its own batch with its own grace period: no batching at all. Costs one
+  // grace period per object; exists as the reference that shows what batching buys.
+  per_object,
+};
+
+struct domain_options {
+  // A partially filled block is handed to the engine at most this long after it was opened.
+  // Range: 1 ms to 10 s.
+  std::chrono::milliseconds drain_interval{20};
+  // Pending (retired, not yet reclaimed) objects and bytes above which the engine drains
+  // every shard at once. Bytes count only what callers pass to retire().
+  std::size_t soft_limit_objects = std::size_t{1} << 18;
+  std::size_t soft_limit_bytes = std::size_t{64} << 20;
+  // Above these, a retiring thread waits for the backlog to drain (back-pressure), outside
+  // its read sections. Must be >= the soft limits.
+  std::size_t hard_limit_objects = std::size_t{1} << 21;
+  std::size_t hard_limit_bytes = std::size_t{256} << 20;
+  enum batching batching = batching::per_cpu_blocks;
+  // Where retire blocks come from; failing allocations take the emergency path.
+  system_allocator allocator{};
+};
+
+// Approximate snapshot; fields are not mutually consistent. Never reset.
+struct domain_stats {
+  std::uint64_t grace_periods = 0;         // synchronize_rcu() calls run through this domain
+  std::uint64_t retired = 0;               // objects handed to the engine (open blocks lag)
+  std::uint64_t reclaimed = 0;             // objects whose deleter has run
+  std::uint64_t pending_objects = 0;       // retired - reclaimed
+  std::uint64_t pending_bytes = 0;
+  std::uint64_t peak_pending_objects = 0;
+  std::uint64_t peak_pending_bytes = 0;
+  std::uint64_t batches = 0;               // groups of blocks reclaimed after one wait
+  std::uint64_t blocks = 0;                // blocks handed to the engine
+  std::uint64_t forced_drains = 0;         // soft limit crossed: shards drained at once
+  std::uint64_t backpressure_waits = 0;    // hard limit crossed: a retiring thread waited
+  std::uint64_t emergency_frees = 0;       // no block memory: reclaimed by the retiring thread
+};
+
+class domain {
+ public:
+  // Throws std::invalid_argument naming the option if options are out of range, and
+  // std::system_error if the engine's threads cannot start.
+  explicit domain(domain_options options = {});
+  // Runs barrier(), then stops the engine. Requires: no thread uses the domain any more.
+  ~domain();
+
+  domain(const domain&) = delete;
+  domain& operator=(const domain&) = delete;
+
+  // The process-wide domain. Never destroyed; it is flushed (barrier()) at process exit.
+  static domain& global() noexcept;
+
+  // A read section (see read_guard.h). Grace periods are process-wide, so this is the same
+  // as grace::pin(); the member form reads better next to the domain it protects.
+  [[nodiscard]] read_guard pin() const noexcept { return read_guard(); }
+  // BasicLockable, so std::scoped_lock<grace::domain> works.
+  void lock() noexcept { detail::read_lock(); }
+  void unlock() noexcept { detail::read_unlock(); }
+
+  // Deletes `object` after a grace period. Requires: object is unreachable from shared
+  // memory, and is retired once. May be called inside a read section. Never throws.
+  template <class T>
+  void retire(T* object) noexcept {
+    if (object == nullptr) return;
+    retire(static_cast<void*>(object), [](void* p) { delete static_cast<T*>(p); }, sizeof(T));
+  }
+  // Calls deleter(object) after a grace period; `bytes` counts toward the byte limits.
+  void retire(void* object, void (*deleter)(void*), std::size_t bytes = 0) noexcept;
+
+  // Waits for one full grace period. Concurrent callers share grace periods. Throws
+  // std::logic_error inside a read section.
+  void synchronize();
+  // Waits until every object retired before the call has been reclaimed. Throws
+  // std::logic_error inside a read section or from one of this domain's deleters.
+  void barrier();
+
+  // Grace-period polling (what liburcu 0.14 calls start/poll_state_synchronize_rcu).
+  // gp_elapsed(gp_cookie()) becomes true once a full grace period has passed since the
+  // cookie was taken. Neither call blocks.
+  std::uint64_t gp_cookie() const noexcept;
+  bool gp_elapsed(std::uint64_t cookie) const noexcept;
+  // Asks the engine to run a grace period soon, even with nothing to reclaim (for callers
+  // that poll cookies, such as grace::object_pool). Never blocks.
+  void request_gp() noexcept;
+
+  domain_stats stats() const noexcept;
+  const domain_options& options() const noexcept { return options_; }
+
+ private:
+  friend class detail::reclaim_engine;
+
+  [[gnu::cold, gnu::noinline]] void retire_slow(detail::retire_shard& shard, void* object,
+                                                void (*deleter)(void*),
+                                                std::size_t bytes) noexcept;
+  // Hands a block to the engine (full, over its byte budget, or a lost put-back race).
+  [[gnu::cold, gnu::noinline]] void submit_slow(detail::retire_block* block) noexcept;
+  void put_back(detail::retire_shard& shard, detail::retire_block* block) noexcept;
+  void note_retired_by_deleter() noexcept;
+
+  domain_options options_;
+  std::unique_ptr<detail::retire_shard[]> shards_;
+  unsigned shard_mask_;
+  std::uint32_t block_capacity_;
+  std::uint64_t block_bytes_budget_;  // a block is submitted once its objects weigh this much
+  detail::gp_sequence gp_;
+  std::unique_ptr<detail::reclaim_engine> engine_;
+};
+
+inline void domain::retire(void* object, void (*deleter)(void*), std::size_t bytes) noexcept {
+  if (detail::tls_reader.in_reclaim_worker) [[unlikely]] note_retired_by_deleter();
+  detail::retire_shard& shard = shards_[detail::current_cpu() & shard_mask_];
+  // Acquire (R3): take the open block with the entries its previous owner wrote; pairs with
+  // the Release CAS (R4) in put_back().
+  detail::retire_block* block = shard.open.exchange(nullptr, std::memory_order_acquire);
+  if (block == nullptr) [[unlikely]] {
+    retire_slow(shard, object, deleter, bytes);
+    return;
+  }
+  block->push(object, deleter, bytes);
+  if (block->full() || block->bytes >= block_bytes_budget_) [[unlikely]] {
+    submit_slow(block);
+    return;
+  }
+  put_back(shard, block);
+}
+
+inline void domain::put_back(detail::retire_shard& shard, detail::retire_block* block) noexcept {
+  detail::retire_block* expected = nullptr;
+  // Release (R4): publish this thread's entries to the next owner; pairs with (R3).
+  if (!shard.open.compare_exchange_strong(expected, block, std::memory_order_release,
+                                          std::memory_order_relaxed)) [[unlikely]] {
+    submit_slow(block);  // another retirer opened a block meanwhile: hand ours in early
+  }
+}
+
+inline std::uint64_t domain::gp_cookie() const noexcept {
+  // SeqCst fence: the caller's unlink is ordered before the ticket read, so a grace period
+  // whose ticket is >= the cookie began after the unlink; pairs with the SeqCst ticket
+  // fetch_add in reclaim_engine::run_grace_period(). A load alone may be satisfied before
+  // the unlink store is visible (store-load reordering).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return gp_.started.load(std::memory_order_relaxed) + 1;
+}
+
+inline bool domain::gp_elapsed(std::uint64_t cookie) const noexcept {
+  // Acquire: what follows (reuse, delete) happens after the grace period completed; pairs
+  // with the Release max-update of `completed` in run_grace_period().
+  return gp_.completed.load(std::memory_order_acquire) >= cookie;
+}
+
+}  // namespace grace

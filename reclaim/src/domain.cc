@@ -1,0 +1,145 @@
+// grace::domain: construction, the retire slow paths, and the public blocking calls.
+#include "grace/reclaim/domain.h"
+
+#include <sys/sysinfo.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "reclaim_engine_internal.h"
+
+namespace grace {
+namespace {
+
+void validate(const domain_options& options) {
+  using std::chrono::milliseconds;
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("grace::domain_options: " + what);
+  };
+  if (options.drain_interval < milliseconds(1) || options.drain_interval > milliseconds(10'000)) {
+    fail("drain_interval must be between 1 ms and 10 s, got " +
+         std::to_string(options.drain_interval.count()) + " ms");
+  }
+  if (options.soft_limit_objects == 0) fail("soft_limit_objects must be at least 1");
+  if (options.soft_limit_bytes == 0) fail("soft_limit_bytes must be at least 1");
+  if (options.hard_limit_objects < options.soft_limit_objects) {
+    fail("hard_limit_objects (" + std::to_string(options.hard_limit_objects) +
+         ") must be >= soft_limit_objects (" + std::to_string(options.soft_limit_objects) + ")");
+  }
+  if (options.hard_limit_bytes < options.soft_limit_bytes) {
+    fail("hard_limit_bytes (" + std::to_string(options.hard_limit_bytes) +
+         ") must be >= soft_limit_bytes (" + std::to_string(options.soft_limit_bytes) + ")");
+  }
+  if (options.batching != batching::per_cpu_blocks && options.batching != batching::per_object) {
+    fail("batching is not a grace::batching value");
+  }
+  if (options.allocator.allocate == nullptr || options.allocator.deallocate == nullptr) {
+    fail("allocator must have both allocate and deallocate");
+  }
+}
+
+void flush_global_domain_at_exit() {
+  if (in_read_section()) return;  // exit() inside a read section: barrier() would deadlock
+  domain::global().barrier();
+}
+
+}  // namespace
+
+namespace detail {
+unsigned cpu_shard_count() noexcept {
+  const int cpus = get_nprocs_conf();
+  return std::bit_ceil(static_cast<unsigned>(cpus > 0 ? cpus : 1));
+}
+}  // namespace detail
+
+void* system_allocator::malloc_allocate(std::size_t bytes, void*) noexcept {
+  return std::malloc(bytes);
+}
+
+void system_allocator::malloc_deallocate(void* memory, std::size_t, void*) noexcept {
+  std::free(memory);
+}
+
+domain::domain(domain_options options)
+    : options_((validate(options), options)),
+      shards_(std::make_unique<detail::retire_shard[]>(detail::cpu_shard_count())),
+      shard_mask_(detail::cpu_shard_count() - 1),
+      block_capacity_(options_.batching == batching::per_object ? 1
+                                                                 : detail::kRetireBlockCapacity),
+      // A block holding more than its share of the soft byte limit is handed in at once, so
+      // open blocks never hide more than the soft limit.
+      block_bytes_budget_(std::max<std::uint64_t>(1, options_.soft_limit_bytes / (shard_mask_ + 1))),
+      engine_(std::make_unique<detail::reclaim_engine>(*this)) {}
+
+domain::~domain() {
+  barrier();
+  engine_.reset();  // stops the threads after a last flush
+  const std::size_t size = detail::retire_block::bytes_for(block_capacity_);
+  for (unsigned i = 0; i <= shard_mask_; ++i) {
+    for (auto& slot : shards_[i].spare) {
+      // Relaxed: the engine's threads have been joined; nothing else touches the shards.
+      if (detail::retire_block* block = slot.load(std::memory_order_relaxed)) {
+        block->~retire_block();
+        options_.allocator.deallocate(block, size, options_.allocator.context);
+      }
+    }
+  }
+}
+
+domain& domain::global() noexcept {
+  static domain* const instance = [] {
+    auto* created = new domain();
+    std::atexit(flush_global_domain_at_exit);
+    return created;
+  }();
+  return *instance;
+}
+
+void domain::retire_slow(detail::retire_shard& shard, void* object, void (*deleter)(void*),
+                         std::size_t bytes) noexcept {
+  const auto shard_index = static_cast<unsigned>(&shard - shards_.get());
+  detail::retire_block* block = engine_->take_block(shard_index);
+  if (block == nullptr) [[unlikely]] {
+    engine_->emergency_reclaim(object, deleter, bytes);
+    return;
+  }
+  block->push(object, deleter, bytes);
+  if (block->full() || block->bytes >= block_bytes_budget_) {
+    submit_slow(block);
+    return;
+  }
+  put_back(shard, block);
+  engine_->note_block_opened();
+}
+
+void domain::submit_slow(detail::retire_block* block) noexcept {
+  engine_->hand_in(block);
+  engine_->check_limits_after_submit();
+}
+
+void domain::note_retired_by_deleter() noexcept {
+  // Release: ordered before the worker reaches a later barrier marker; barrier() reads it
+  // with Acquire to decide whether chained retirements need another round.
+  engine_->deleter_retires_.fetch_add(1, std::memory_order_release);
+}
+
+void domain::synchronize() {
+  if (in_read_section()) {
+    throw std::logic_error(
+        "grace::domain::synchronize() called inside a read section: the grace period would "
+        "wait for the caller's own read_guard. Call it after the guard is destroyed.");
+  }
+  engine_->run_grace_period();
+}
+
+void domain::barrier() { engine_->barrier(); }
+
+void domain::request_gp() noexcept { engine_->request_gp(); }
+
+domain_stats domain::stats() const noexcept { return engine_->stats(); }
+
+}  // namespace grace

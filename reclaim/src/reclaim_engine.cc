@@ -1,0 +1,498 @@
+// The engine behind grace::domain: grace-period thread, reclaim worker, barrier, limits.
+#include "reclaim_engine_internal.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <system_error>
+
+#include "futex_internal.h"
+
+namespace grace::detail {
+namespace {
+
+// How long a back-pressure or emergency waiter sleeps between checks of its condition; the
+// worker wakes it sooner on progress.
+constexpr std::chrono::milliseconds kRecheckInterval{1};
+
+void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) noexcept {
+  std::uint64_t seen = peak.load(std::memory_order_relaxed);
+  // Relaxed: a statistic.
+  while (seen < value &&
+         !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+// Pushes the chain newest..oldest onto a Treiber stack; returns the previous head.
+batch_node* push_chain(std::atomic<batch_node*>& stack, batch_node* newest,
+                       batch_node* oldest) noexcept {
+  batch_node* head = stack.load(std::memory_order_relaxed);
+  do {
+    oldest->next = head;
+    // SeqCst (R1): publishes the chain's fields to the taker (Release would do for that);
+    // SeqCst also orders this push before the caller's load of the sleeping flag (a Dekker
+    // pair with the sleeper's flag store and stack load).
+  } while (!stack.compare_exchange_weak(head, newest, std::memory_order_seq_cst,
+                                        std::memory_order_relaxed));
+  return head;
+}
+
+}  // namespace
+
+reclaim_engine::reclaim_engine(domain& owner) : owner_(owner) {
+  try {
+    worker_thread_ = std::thread([this] { worker_thread_main(); });
+    gp_thread_ = std::thread([this] { gp_thread_main(); });
+  } catch (...) {
+    stopping_.store(true, std::memory_order_seq_cst);  // SeqCst: see ~reclaim_engine
+    gp_thread_done_.store(true, std::memory_order_seq_cst);
+    worker_wake_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(worker_wake_);
+    if (worker_thread_.joinable()) worker_thread_.join();
+    throw;
+  }
+}
+
+reclaim_engine::~reclaim_engine() {
+  // SeqCst: the GP thread checks stopping_ after its sleeping-flag store (Dekker pair).
+  stopping_.store(true, std::memory_order_seq_cst);
+  wake_gp_thread();
+  gp_thread_.join();
+  worker_thread_.join();
+}
+
+void reclaim_engine::submit(batch_node* node) noexcept {
+  node->next = nullptr;
+  push_chain(submitted_, node, node);
+  // SeqCst: Dekker pair with gp_thread_main's gp_sleeping_ store and submitted_ load; one
+  // of the two sides sees the other, so a push is never left asleep.
+  if (gp_sleeping_.load(std::memory_order_seq_cst)) wake_gp_thread();
+}
+
+void reclaim_engine::wake_gp_thread() noexcept {
+  // SeqCst: a waiter that read the old value before sleeping is woken; pairs with the load
+  // in gp_thread_main that precedes futex_wait.
+  gp_wake_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(gp_wake_);
+}
+
+void reclaim_engine::hand_in(retire_block* block) noexcept {
+  block->gp_cookie = owner_.gp_cookie();
+  const std::uint64_t objects =
+      retired_objects_.fetch_add(block->count, std::memory_order_relaxed) + block->count;
+  const std::uint64_t bytes =
+      retired_bytes_.fetch_add(block->bytes, std::memory_order_relaxed) + block->bytes;
+  blocks_.fetch_add(1, std::memory_order_relaxed);
+  raise_to(peak_pending_objects_, objects - reclaimed_objects_.load(std::memory_order_relaxed));
+  raise_to(peak_pending_bytes_, bytes - reclaimed_bytes_.load(std::memory_order_relaxed));
+  submit(block);
+}
+
+std::uint64_t reclaim_engine::pending_objects() const noexcept {
+  // Relaxed: an estimate; reclaimed may be read ahead of retired, hence the clamp.
+  const std::uint64_t reclaimed = reclaimed_objects_.load(std::memory_order_relaxed);
+  const std::uint64_t retired = retired_objects_.load(std::memory_order_relaxed);
+  return retired > reclaimed ? retired - reclaimed : 0;
+}
+
+std::uint64_t reclaim_engine::pending_bytes() const noexcept {
+  const std::uint64_t reclaimed = reclaimed_bytes_.load(std::memory_order_relaxed);
+  const std::uint64_t retired = retired_bytes_.load(std::memory_order_relaxed);
+  return retired > reclaimed ? retired - reclaimed : 0;
+}
+
+bool reclaim_engine::over_hard_limit() const noexcept {
+  return pending_objects() > owner_.options_.hard_limit_objects ||
+         pending_bytes() > owner_.options_.hard_limit_bytes;
+}
+
+void reclaim_engine::check_limits_after_submit() noexcept {
+  const domain_options& options = owner_.options_;
+  const std::uint64_t objects = pending_objects();
+  const std::uint64_t bytes = pending_bytes();
+  if (objects <= options.soft_limit_objects && bytes <= options.soft_limit_bytes) return;
+  request_flush();
+  if (objects <= options.hard_limit_objects && bytes <= options.hard_limit_bytes) return;
+  // The reclaim worker must never wait for itself.
+  if (tls_reader.in_reclaim_worker) return;
+  if (tls_reader.nesting != 0) {
+    defer_backpressure_wait(this);  // never wait inside a read section
+  } else {
+    backpressure_wait();
+  }
+}
+
+void reclaim_engine::request_flush() noexcept {
+  // Relaxed: the flag is only a hint; wake_gp_thread()'s SeqCst RMW orders it for the sleeper.
+  if (!flush_requested_.exchange(true, std::memory_order_relaxed)) {
+    forced_drains_.fetch_add(1, std::memory_order_relaxed);
+    wake_gp_thread();
+  }
+}
+
+void reclaim_engine::request_gp() noexcept {
+  // Relaxed: a hint (see request_flush); repeated requests before the GP thread runs merge.
+  if (!gp_requested_.load(std::memory_order_relaxed) &&
+      !gp_requested_.exchange(true, std::memory_order_relaxed)) {
+    wake_gp_thread();
+  }
+}
+
+void reclaim_engine::note_block_opened() noexcept {
+  if (open_blocks_possible_.load(std::memory_order_relaxed)) return;
+  // SeqCst: Dekker pair with the GP thread's gp_sleeping_ store and this flag's load before
+  // an untimed sleep: either it sees the flag and sleeps only until the drain deadline, or we
+  // see it asleep and wake it.
+  open_blocks_possible_.store(true, std::memory_order_seq_cst);
+  if (gp_sleeping_.load(std::memory_order_seq_cst)) wake_gp_thread();
+}
+
+void reclaim_engine::flush_shards() noexcept {
+  // SeqCst: cleared before the scan, so a block opened after the scan sets it again and is
+  // seen by the next sleep decision (pairs with note_block_opened).
+  open_blocks_possible_.store(false, std::memory_order_seq_cst);
+  const unsigned count = owner_.shard_mask_ + 1;
+  for (unsigned i = 0; i < count; ++i) {
+    retire_shard& shard = owner_.shards_[i];
+    if (shard.open.load(std::memory_order_relaxed) == nullptr) continue;
+    // Acquire (R3): take the open block with its entries; pairs with (R4) in put_back().
+    retire_block* block = shard.open.exchange(nullptr, std::memory_order_acquire);
+    if (block != nullptr) hand_in(block);
+  }
+}
+
+void reclaim_engine::run_grace_period() noexcept {
+  // SeqCst: the ticket is ordered after every cookie read that returned a smaller value
+  // (pairs with the SeqCst fence in domain::gp_cookie()); synchronize_rcu() then begins
+  // after the ticket.
+  const std::uint64_t ticket = owner_.gp_.started.fetch_add(1, std::memory_order_seq_cst) + 1;
+  urcu_memb_synchronize_rcu();
+  std::uint64_t seen = owner_.gp_.completed.load(std::memory_order_relaxed);
+  // Release: publishes that grace period `ticket` completed; pairs with the Acquire load in
+  // domain::gp_elapsed(). A max, so a late finisher never moves it backwards.
+  while (seen < ticket &&
+         !owner_.gp_.completed.compare_exchange_weak(seen, ticket, std::memory_order_release,
+                                                     std::memory_order_relaxed)) {
+  }
+  grace_periods_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void reclaim_engine::gp_thread_main() noexcept {
+  using clock = std::chrono::steady_clock;
+  const auto drain_interval = owner_.options_.drain_interval;
+  auto last_flush = clock::now();
+  for (;;) {
+    // Acquire (R2): take every submitted node with the fields its pusher wrote; pairs with
+    // the SeqCst push (R1) in submit().
+    batch_node* batch = submitted_.exchange(nullptr, std::memory_order_acquire);
+    if (batch != nullptr) process_batch(batch);
+
+    const auto now = clock::now();
+    // Relaxed: flush_requested_ is a hint; see request_flush().
+    if (flush_requested_.exchange(false, std::memory_order_relaxed) ||
+        (now - last_flush >= drain_interval &&
+         open_blocks_possible_.load(std::memory_order_relaxed))) {
+      flush_shards();
+      last_flush = now;
+      continue;
+    }
+    if (batch != nullptr) continue;
+    // Relaxed: a hint; the grace period itself is ordered by run_grace_period().
+    if (gp_requested_.exchange(false, std::memory_order_relaxed)) {
+      run_grace_period();
+      continue;
+    }
+    // Acquire: everything submitted before stop was requested is in submitted_ now.
+    if (stopping_.load(std::memory_order_acquire)) {
+      flush_shards();
+      // Acquire (R2): see above.
+      batch = submitted_.exchange(nullptr, std::memory_order_acquire);
+      if (batch == nullptr) break;
+      process_batch(batch);
+      continue;
+    }
+
+    // Sleep until a push, a request, or the drain deadline of an open block.
+    // Acquire: pairs with the SeqCst fetch_add in wake_gp_thread().
+    const std::uint32_t seen = gp_wake_.load(std::memory_order_acquire);
+    // SeqCst: Dekker pair with submit()/note_block_opened(): after this store, either we see
+    // their push/flag below or they see us asleep and bump gp_wake_.
+    gp_sleeping_.store(true, std::memory_order_seq_cst);
+    // SeqCst: the other half of the Dekker pair above.
+    const bool work_waiting = submitted_.load(std::memory_order_seq_cst) != nullptr ||
+                              flush_requested_.load(std::memory_order_seq_cst) ||
+                              gp_requested_.load(std::memory_order_seq_cst) ||
+                              stopping_.load(std::memory_order_seq_cst);
+    if (!work_waiting) {
+      // SeqCst: see note_block_opened().
+      const bool timed = open_blocks_possible_.load(std::memory_order_seq_cst);
+      const auto until_deadline = last_flush + drain_interval - clock::now();
+      if (!timed) {
+        futex_wait(gp_wake_, seen);
+      } else if (until_deadline > clock::duration::zero()) {
+        futex_wait(gp_wake_, seen, until_deadline);
+      }
+    }
+    // Relaxed: only this thread reads its own flag back; wakers tolerate a stale true.
+    gp_sleeping_.store(false, std::memory_order_relaxed);
+  }
+  // Release: the worker may exit once it sees this and an empty queue; pairs with its Acquire.
+  gp_thread_done_.store(true, std::memory_order_release);
+  // SeqCst: as in wake_gp_thread().
+  worker_wake_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(worker_wake_);
+}
+
+void reclaim_engine::process_batch(batch_node* newest) noexcept {
+  // The chain runs newest -> oldest.
+  if (owner_.options_.batching == batching::per_object) {
+    // One grace period per object: reverse to oldest first and hand over one node at a time.
+    batch_node* oldest_first = nullptr;
+    while (newest != nullptr) {
+      batch_node* next = newest->next;
+      newest->next = oldest_first;
+      oldest_first = newest;
+      newest = next;
+    }
+    while (oldest_first != nullptr) {
+      batch_node* next = oldest_first->next;
+      if (oldest_first->node_kind == batch_node::kind::objects) {
+        run_grace_period();
+        batches_.fetch_add(1, std::memory_order_relaxed);
+      }
+      pass_to_worker(oldest_first, oldest_first);
+      oldest_first = next;
+    }
+    return;
+  }
+  std::uint64_t newest_cookie = 0;
+  bool has_objects = false;
+  batch_node* oldest = newest;
+  for (batch_node* node = newest; node != nullptr; node = node->next) {
+    oldest = node;
+    if (node->node_kind == batch_node::kind::objects) {
+      has_objects = true;
+      newest_cookie = std::max(newest_cookie, static_cast<retire_block*>(node)->gp_cookie);
+    }
+  }
+  if (has_objects) {
+    // (I3): a grace period that began after every block in the chain was submitted, unless
+    // one (run by synchronize() or a back-pressured retirer) already did.
+    if (!owner_.gp_elapsed(newest_cookie)) run_grace_period();
+    batches_.fetch_add(1, std::memory_order_relaxed);
+  }
+  pass_to_worker(newest, oldest);
+}
+
+void reclaim_engine::pass_to_worker(batch_node* newest, batch_node* oldest) noexcept {
+  push_chain(reclaim_queue_, newest, oldest);
+  // SeqCst: Dekker pair with worker_thread_main's sleeping store and queue load.
+  if (worker_sleeping_.load(std::memory_order_seq_cst)) {
+    // SeqCst: pairs with the worker's load of worker_wake_ before futex_wait.
+    worker_wake_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(worker_wake_);
+  }
+}
+
+void reclaim_engine::worker_thread_main() noexcept {
+  tls_reader.in_reclaim_worker = true;
+  worker_thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  for (;;) {
+    // Acquire (R2): pairs with the SeqCst push (R1) in pass_to_worker().
+    batch_node* chain = reclaim_queue_.exchange(nullptr, std::memory_order_acquire);
+    if (chain == nullptr) {
+      // Acquire: pairs with the Release store at the GP thread's exit.
+      if (gp_thread_done_.load(std::memory_order_acquire)) {
+        // Acquire (R2): a last take, in case the final batch raced with the flag.
+        chain = reclaim_queue_.exchange(nullptr, std::memory_order_acquire);
+        if (chain == nullptr) break;
+      } else {
+        // Acquire: pairs with the SeqCst fetch_add of a waker.
+        const std::uint32_t seen = worker_wake_.load(std::memory_order_acquire);
+        // SeqCst: Dekker pair with pass_to_worker()'s push and flag load.
+        worker_sleeping_.store(true, std::memory_order_seq_cst);
+        // SeqCst: the other half of the pair.
+        if (reclaim_queue_.load(std::memory_order_seq_cst) == nullptr &&
+            !gp_thread_done_.load(std::memory_order_seq_cst)) {
+          futex_wait(worker_wake_, seen);
+        }
+        // Relaxed: only read by wakers, who tolerate a stale true.
+        worker_sleeping_.store(false, std::memory_order_relaxed);
+        continue;
+      }
+    }
+    // (I4): reverse newest-first into oldest-first.
+    batch_node* oldest_first = nullptr;
+    while (chain != nullptr) {
+      batch_node* next = chain->next;
+      chain->next = oldest_first;
+      oldest_first = chain;
+      chain = next;
+    }
+    while (oldest_first != nullptr) {
+      batch_node* next = oldest_first->next;  // read before a marker's owner may return
+      if (oldest_first->node_kind == batch_node::kind::objects) {
+        reclaim_block(static_cast<retire_block*>(oldest_first));
+      } else {
+        auto* marker = static_cast<barrier_marker*>(oldest_first);
+        // Release: everything reclaimed so far happens-before barrier() returns; pairs with
+        // the Acquire load in barrier(). The marker is not touched after this store.
+        marker->done.store(1, std::memory_order_release);
+        futex_wake_all(marker->done);
+      }
+      oldest_first = next;
+    }
+  }
+}
+
+void reclaim_engine::reclaim_block(retire_block* block) noexcept {
+  retire_entry* entries = block->entries();
+  const std::uint32_t count = block->count;
+  const std::uint64_t bytes = block->bytes;
+  for (std::uint32_t i = 0; i < count; ++i) entries[i].deleter(entries[i].object);
+  recycle_block(block);
+  reclaimed_objects_.fetch_add(count, std::memory_order_relaxed);
+  reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  // SeqCst: Dekker pair with backpressure_wait()'s waiter count and progress load.
+  progress_.fetch_add(1, std::memory_order_seq_cst);
+  if (progress_waiters_.load(std::memory_order_seq_cst) != 0) futex_wake_all(progress_);
+}
+
+retire_block* reclaim_engine::take_block(unsigned shard_index) noexcept {
+  retire_shard& shard = owner_.shards_[shard_index];
+  for (auto& slot : shard.spare) {
+    if (slot.load(std::memory_order_relaxed) == nullptr) continue;
+    // Acquire (R3): the block's reset header, written by recycle_block(); pairs with (R4).
+    if (retire_block* block = slot.exchange(nullptr, std::memory_order_acquire)) return block;
+  }
+  const std::size_t size = retire_block::bytes_for(owner_.block_capacity_);
+  const system_allocator& allocator = owner_.options_.allocator;
+  void* memory = allocator.allocate(size, allocator.context);
+  if (memory == nullptr) return nullptr;
+  return new (memory) retire_block(owner_.block_capacity_, shard_index);
+}
+
+void reclaim_engine::recycle_block(retire_block* block) noexcept {
+  block->count = 0;
+  block->bytes = 0;
+  block->next = nullptr;
+  retire_shard& shard = owner_.shards_[block->home_shard];
+  for (auto& slot : shard.spare) {
+    retire_block* expected = nullptr;
+    // Release (R4): the reset header is visible to the next taker; pairs with (R3).
+    if (slot.compare_exchange_strong(expected, block, std::memory_order_release,
+                                     std::memory_order_relaxed)) {
+      return;
+    }
+  }
+  deallocate_block(block);
+}
+
+void reclaim_engine::deallocate_block(retire_block* block) noexcept {
+  const std::size_t size = retire_block::bytes_for(block->capacity);
+  block->~retire_block();
+  const system_allocator& allocator = owner_.options_.allocator;
+  allocator.deallocate(block, size, allocator.context);
+}
+
+void reclaim_engine::backpressure_wait() noexcept {
+  backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
+  request_flush();
+  // The waiting thread pays for a grace period itself: on a busy machine the GP thread may
+  // not get a core, and the worker can then take the blocks without waiting for one
+  // (process_batch sees their cookies elapsed).
+  run_grace_period();
+  // SeqCst: Dekker pair with reclaim_block()'s progress bump and waiter-count load.
+  progress_waiters_.fetch_add(1, std::memory_order_seq_cst);
+  while (over_hard_limit() && !stopping_.load(std::memory_order_relaxed)) {
+    // SeqCst: as above.
+    const std::uint32_t seen = progress_.load(std::memory_order_seq_cst);
+    if (!over_hard_limit()) break;
+    futex_wait(progress_, seen, kRecheckInterval);
+  }
+  // Relaxed: the count only gates wake-ups; a stale non-zero costs one spare syscall.
+  progress_waiters_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void reclaim_engine::emergency_reclaim(void* object, void (*deleter)(void*),
+                                       std::size_t bytes) noexcept {
+  emergency_frees_.fetch_add(1, std::memory_order_relaxed);
+  retired_objects_.fetch_add(1, std::memory_order_relaxed);
+  retired_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  if (tls_reader.nesting == 0) {
+    run_grace_period();
+    deleter(object);
+    reclaimed_objects_.fetch_add(1, std::memory_order_relaxed);
+    reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    return;
+  }
+  // Inside a read section the grace period would wait for this very thread: postpone it to
+  // the outermost guard's end. barrier() waits for emergency_outstanding_ to reach zero.
+  emergency_outstanding_.fetch_add(1, std::memory_order_relaxed);
+  if (!defer_emergency_reclaim(this, object, deleter, bytes)) {
+    std::fprintf(stderr,
+                 "grace: out of memory for retire() inside a read section, and the thread's "
+                 "deferred-reclaim room is full; cannot reclaim safely. Retire fewer objects "
+                 "per read section or free memory.\n");
+    std::abort();
+  }
+}
+
+void reclaim_engine::emergency_done(std::size_t bytes) noexcept {
+  reclaimed_objects_.fetch_add(1, std::memory_order_relaxed);
+  reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  // Release: the deleter ran before barrier() sees the count drop; pairs with its Acquire.
+  emergency_outstanding_.fetch_sub(1, std::memory_order_release);
+}
+
+void reclaim_engine::barrier() {
+  if (tls_reader.nesting != 0) {
+    throw std::logic_error(
+        "grace::domain::barrier() called inside a read section: it would wait for the "
+        "caller's own read_guard. Call it after the guard is destroyed.");
+  }
+  if (is_worker_thread()) {
+    throw std::logic_error(
+        "grace::domain::barrier() called from one of the domain's own deleters: the worker "
+        "would wait for itself. Retire from the deleter instead; barrier() covers that.");
+  }
+  for (;;) {
+    // Acquire: retires made by deleters that ran before we read this are visible to the
+    // flush below; pairs with the Release increment in domain::note_retired_by_deleter().
+    const std::uint64_t chained_before = deleter_retires_.load(std::memory_order_acquire);
+    flush_shards();
+    barrier_marker marker;
+    submit(&marker);
+    wake_gp_thread();
+    // Acquire: pairs with the worker's Release store of done (I4).
+    while (marker.done.load(std::memory_order_acquire) == 0) futex_wait(marker.done, 0);
+    // Acquire: pairs with the Release decrement in emergency_done().
+    while (emergency_outstanding_.load(std::memory_order_acquire) != 0) {
+      std::this_thread::sleep_for(kRecheckInterval);
+    }
+    // Acquire: as above; a deleter that ran before the marker retired more: go again.
+    if (deleter_retires_.load(std::memory_order_acquire) == chained_before) return;
+  }
+}
+
+domain_stats reclaim_engine::stats() const noexcept {
+  domain_stats s;
+  // Relaxed throughout: an approximate snapshot, documented as such.
+  s.grace_periods = grace_periods_.load(std::memory_order_relaxed);
+  s.reclaimed = reclaimed_objects_.load(std::memory_order_relaxed);
+  s.retired = retired_objects_.load(std::memory_order_relaxed);
+  s.pending_objects = pending_objects();
+  s.pending_bytes = pending_bytes();
+  s.peak_pending_objects = peak_pending_objects_.load(std::memory_order_relaxed);
+  s.peak_pending_bytes = peak_pending_bytes_.load(std::memory_order_relaxed);
+  s.batches = batches_.load(std::memory_order_relaxed);
+  s.blocks = blocks_.load(std::memory_order_relaxed);
+  s.forced_drains = forced_drains_.load(std::memory_order_relaxed);
+  s.backpressure_waits = backpressure_waits_.load(std::memory_order_relaxed);
+  s.emergency_frees = emergency_frees_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace grace::detail

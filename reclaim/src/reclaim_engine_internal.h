@@ -1,0 +1,113 @@
+// The engine behind grace::domain: its grace-period thread, its reclaim worker, and the
+// per-thread deferred work. Internal to reclaim/src; see detail/retire_block.h for the
+// pipeline's invariants (I1)-(I4) and ordering sites (R1)-(R4).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#include "grace/reclaim/domain.h"
+
+namespace grace::detail {
+
+class reclaim_engine {
+ public:
+  explicit reclaim_engine(domain& owner);
+  // Stops and joins both threads after reclaiming everything still queued.
+  ~reclaim_engine();
+
+  // Hands a block or marker to the GP thread (R1); wakes it if it sleeps.
+  void submit(batch_node* node) noexcept;
+  // Stamps a full or flushed block, counts it, and submits it.
+  void hand_in(retire_block* block) noexcept;
+  // Submits every shard's open block now.
+  void flush_shards() noexcept;
+
+  // One grace period through liburcu, with a ticket for gp_cookie()/gp_elapsed().
+  void run_grace_period() noexcept;
+  void request_gp() noexcept;
+  void request_flush() noexcept;
+  // A retiring thread opened a new block: make sure the GP thread will drain it in time.
+  void note_block_opened() noexcept;
+
+  retire_block* take_block(unsigned shard) noexcept;
+  void recycle_block(retire_block* block) noexcept;
+
+  void barrier();
+  // Blocks (outside any read section) until pending memory is back under the hard limits.
+  void backpressure_wait() noexcept;
+  void check_limits_after_submit() noexcept;
+  // No block could be had: reclaim `object` on this thread, safely.
+  void emergency_reclaim(void* object, void (*deleter)(void*), std::size_t bytes) noexcept;
+  // An emergency object deferred to the end of a read section was reclaimed.
+  void emergency_done(std::size_t bytes) noexcept;
+
+  bool is_worker_thread() const noexcept {
+    return std::this_thread::get_id() == worker_thread_id_.load(std::memory_order_relaxed);
+  }
+  domain_stats stats() const noexcept;
+
+  // Relaxed: statistics and limits; approximate by design.
+  std::atomic<std::uint64_t> deleter_retires_{0};
+
+ private:
+  void gp_thread_main() noexcept;
+  void worker_thread_main() noexcept;
+  void process_batch(batch_node* newest) noexcept;
+  void pass_to_worker(batch_node* newest, batch_node* oldest) noexcept;
+  void reclaim_block(retire_block* block) noexcept;
+  void deallocate_block(retire_block* block) noexcept;
+  void wake_gp_thread() noexcept;
+  bool over_hard_limit() const noexcept;
+  std::uint64_t pending_objects() const noexcept;
+  std::uint64_t pending_bytes() const noexcept;
+
+  domain& owner_;
+
+  // (R1)/(R2): blocks and markers waiting for the GP thread, newest first.
+  alignas(64) std::atomic<batch_node*> submitted_{nullptr};
+  // Wake-up protocol of the GP thread (a Dekker pair with submit(); see gp_thread_main).
+  alignas(64) std::atomic<std::uint32_t> gp_wake_{0};
+  std::atomic<bool> gp_sleeping_{false};
+  std::atomic<bool> flush_requested_{false};
+  std::atomic<bool> gp_requested_{false};
+  std::atomic<bool> open_blocks_possible_{false};
+  std::atomic<bool> stopping_{false};
+
+  // (R1)/(R2): batches past their grace period, newest first, for the worker.
+  alignas(64) std::atomic<batch_node*> reclaim_queue_{nullptr};
+  std::atomic<std::uint32_t> worker_wake_{0};
+  std::atomic<bool> worker_sleeping_{false};
+  std::atomic<bool> gp_thread_done_{false};
+  // Bumped after every reclaimed block; back-pressure waiters sleep on it.
+  std::atomic<std::uint32_t> progress_{0};
+  std::atomic<std::uint32_t> progress_waiters_{0};
+
+  alignas(64) std::atomic<std::uint64_t> retired_objects_{0};
+  std::atomic<std::uint64_t> retired_bytes_{0};
+  std::atomic<std::uint64_t> peak_pending_objects_{0};
+  std::atomic<std::uint64_t> peak_pending_bytes_{0};
+  std::atomic<std::uint64_t> blocks_{0};
+  std::atomic<std::uint64_t> forced_drains_{0};
+  std::atomic<std::uint64_t> backpressure_waits_{0};
+  std::atomic<std::uint64_t> emergency_frees_{0};
+  std::atomic<std::uint64_t> emergency_outstanding_{0};
+  alignas(64) std::atomic<std::uint64_t> reclaimed_objects_{0};
+  std::atomic<std::uint64_t> reclaimed_bytes_{0};
+  std::atomic<std::uint64_t> batches_{0};
+  std::atomic<std::uint64_t> grace_periods_{0};
+
+  std::atomic<std::thread::id> worker_thread_id_{};
+  std::thread gp_thread_;
+  std::thread worker_thread_;
+};
+
+// Per-thread work postponed to the end of the outermost read section
+// (detail::run_deferred_work_slow runs it). Each returns false when its fixed room is full.
+bool defer_emergency_reclaim(reclaim_engine* engine, void* object, void (*deleter)(void*),
+                             std::size_t bytes) noexcept;
+void defer_backpressure_wait(reclaim_engine* engine) noexcept;
+
+}  // namespace grace::detail
