@@ -99,25 +99,40 @@ domain& domain::global() noexcept {
   return *instance;
 }
 
-void domain::retire_slow(detail::retire_shard& shard, void* object, void (*deleter)(void*),
-                         std::size_t bytes) noexcept {
+void domain::retire_slow(detail::retire_shard& shard, detail::retire_block* taken,
+                         void* object, void (*deleter)(void*), std::size_t bytes) noexcept {
   const auto shard_index = static_cast<unsigned>(&shard - shards_.get());
+  const bool holds_shard = taken != detail::shard_held();
   detail::retire_block* block = engine_->take_block(shard_index);
   if (block == nullptr) [[unlikely]] {
+    // Release (R4): end the hold before the emergency path, which may block.
+    if (holds_shard) shard.open.store(nullptr, std::memory_order_release);
     engine_->emergency_reclaim(object, deleter, bytes);
     return;
   }
   block->push(object, deleter, bytes);
-  if (block->full() || block->bytes >= block_bytes_budget_) {
-    submit_slow(block);
+  if (!holds_shard) {
+    // Another thread holds this CPU's shard (it was preempted there, or migrated): never
+    // wait for it; our own block goes straight to the engine.
+    engine_->hand_in(block);
+    engine_->check_limits_after_submit();
     return;
   }
-  put_back(shard, block);
+  if (block->full() || block->bytes >= block_bytes_budget_) {
+    submit_slow(shard, block);
+    return;
+  }
+  // SeqCst (R4): ends the hold (Release for the entries) and is ordered before
+  // note_block_opened()'s flag load: a Dekker pair with flush_shards()'s flag store and
+  // shard scan, so the GP thread either sees this block or is told to drain it later.
+  shard.open.store(block, std::memory_order_seq_cst);
   engine_->note_block_opened();
 }
 
-void domain::submit_slow(detail::retire_block* block) noexcept {
-  engine_->hand_in(block);
+void domain::submit_slow(detail::retire_shard& shard, detail::retire_block* block) noexcept {
+  engine_->hand_in(block);  // (I0): submitted before the hold ends
+  // Release (R4): end the hold; pairs with (R3).
+  shard.open.store(nullptr, std::memory_order_release);
   engine_->check_limits_after_submit();
 }
 

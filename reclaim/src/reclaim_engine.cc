@@ -141,25 +141,35 @@ void reclaim_engine::request_gp() noexcept {
 }
 
 void reclaim_engine::note_block_opened() noexcept {
-  if (open_blocks_possible_.load(std::memory_order_relaxed)) return;
-  // SeqCst: Dekker pair with the GP thread's gp_sleeping_ store and this flag's load before
-  // an untimed sleep: either it sees the flag and sleeps only until the drain deadline, or we
-  // see it asleep and wake it.
+  // SeqCst: the second half of the Dekker pair begun by retire_slow()'s SeqCst store of the
+  // block, against flush_shards()'s flag store and scan: either the scan sees the block, or
+  // this load sees the flag cleared and re-arms it.
+  if (open_blocks_possible_.load(std::memory_order_seq_cst)) return;
+  // SeqCst: Dekker pair with the GP thread's gp_sleeping_ store and its load of this flag
+  // before an untimed sleep: either it sleeps only until the drain deadline, or we wake it.
   open_blocks_possible_.store(true, std::memory_order_seq_cst);
   if (gp_sleeping_.load(std::memory_order_seq_cst)) wake_gp_thread();
 }
 
 void reclaim_engine::flush_shards() noexcept {
-  // SeqCst: cleared before the scan, so a block opened after the scan sets it again and is
-  // seen by the next sleep decision (pairs with note_block_opened).
+  // SeqCst: cleared before the scan, so a block opened after the scan re-arms it (pairs
+  // with note_block_opened()).
   open_blocks_possible_.store(false, std::memory_order_seq_cst);
   const unsigned count = owner_.shard_mask_ + 1;
   for (unsigned i = 0; i < count; ++i) {
     retire_shard& shard = owner_.shards_[i];
-    if (shard.open.load(std::memory_order_relaxed) == nullptr) continue;
-    // Acquire (R3): take the open block with its entries; pairs with (R4) in put_back().
-    retire_block* block = shard.open.exchange(nullptr, std::memory_order_acquire);
+    // SeqCst: the scan half of the Dekker pair with retire_slow()'s SeqCst store.
+    if (shard.open.load(std::memory_order_seq_cst) == nullptr) continue;
+    retire_block* block;
+    // Acquire (R3): take the shard and its block; pairs with the holder's Release (R4). While
+    // another thread holds it, wait: it hands its block in or puts it back first (I0).
+    while ((block = shard.open.exchange(shard_held(), std::memory_order_acquire)) ==
+           shard_held()) {
+      std::this_thread::yield();
+    }
     if (block != nullptr) hand_in(block);
+    // Release (R4): end our hold.
+    shard.open.store(nullptr, std::memory_order_release);
   }
 }
 

@@ -140,12 +140,15 @@ class domain {
  private:
   friend class detail::reclaim_engine;
 
-  [[gnu::cold, gnu::noinline]] void retire_slow(detail::retire_shard& shard, void* object,
+  // The shard had no open block (`taken` is nullptr, and this thread now holds the shard),
+  // or another thread holds it (`taken` is shard_held(): use a block of our own).
+  [[gnu::cold, gnu::noinline]] void retire_slow(detail::retire_shard& shard,
+                                                detail::retire_block* taken, void* object,
                                                 void (*deleter)(void*),
                                                 std::size_t bytes) noexcept;
-  // Hands a block to the engine (full, over its byte budget, or a lost put-back race).
-  [[gnu::cold, gnu::noinline]] void submit_slow(detail::retire_block* block) noexcept;
-  void put_back(detail::retire_shard& shard, detail::retire_block* block) noexcept;
+  // Hands a full (or over-budget) block to the engine, then releases the shard.
+  [[gnu::cold, gnu::noinline]] void submit_slow(detail::retire_shard& shard,
+                                                detail::retire_block* block) noexcept;
   void note_retired_by_deleter() noexcept;
 
   domain_options options_;
@@ -160,28 +163,20 @@ class domain {
 inline void domain::retire(void* object, void (*deleter)(void*), std::size_t bytes) noexcept {
   if (detail::tls_reader.in_reclaim_worker) [[unlikely]] note_retired_by_deleter();
   detail::retire_shard& shard = shards_[detail::current_cpu() & shard_mask_];
-  // Acquire (R3): take the open block with the entries its previous owner wrote; pairs with
-  // the Release CAS (R4) in put_back().
-  detail::retire_block* block = shard.open.exchange(nullptr, std::memory_order_acquire);
-  if (block == nullptr) [[unlikely]] {
-    retire_slow(shard, object, deleter, bytes);
+  // Acquire (R3): own the shard's open block, with the entries its previous owner wrote;
+  // pairs with the Release store (R4) that ended that ownership.
+  detail::retire_block* block = shard.open.exchange(detail::shard_held(), std::memory_order_acquire);
+  if (block == nullptr || block == detail::shard_held()) [[unlikely]] {
+    retire_slow(shard, block, object, deleter, bytes);
     return;
   }
   block->push(object, deleter, bytes);
   if (block->full() || block->bytes >= block_bytes_budget_) [[unlikely]] {
-    submit_slow(block);
+    submit_slow(shard, block);
     return;
   }
-  put_back(shard, block);
-}
-
-inline void domain::put_back(detail::retire_shard& shard, detail::retire_block* block) noexcept {
-  detail::retire_block* expected = nullptr;
-  // Release (R4): publish this thread's entries to the next owner; pairs with (R3).
-  if (!shard.open.compare_exchange_strong(expected, block, std::memory_order_release,
-                                          std::memory_order_relaxed)) [[unlikely]] {
-    submit_slow(block);  // another retirer opened a block meanwhile: hand ours in early
-  }
+  // Release (R4): publish this thread's entry to the shard's next owner; pairs with (R3).
+  shard.open.store(block, std::memory_order_release);
 }
 
 inline std::uint64_t domain::gp_cookie() const noexcept {

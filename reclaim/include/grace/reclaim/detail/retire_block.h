@@ -7,12 +7,18 @@
 //   (per CPU)            (Treiber stack)                 (Treiber stack, FIFO on take)
 //
 // A retire_block is a page: a header and an array of (object, deleter) entries. Retirers on
-// one CPU share that CPU's shard; the block is owned by whoever took it out of shard.open.
+// one CPU share that CPU's shard. shard.open holds the open block, nullptr, or shard_held():
+// a thread takes the shard by exchanging shard_held() in, and gives it back by storing a
+// block or nullptr. A thread that finds shard_held() did not take it (it wrote the same
+// value back) and uses a block of its own.
 //
 // Invariants:
 //   (I1) A block is owned by exactly one party at a time: the shard (in `open` or `spare`),
-//        one retiring thread (between its exchange and its put-back), the submitted stack,
-//        the GP thread, or the reclaim worker. Only the owner writes its entries.
+//        the one thread holding the shard, the submitted stack, the GP thread, or the reclaim
+//        worker. Only the owner writes its entries.
+//   (I0) A thread that holds a shard hands its block to submitted_ (or puts it back in
+//        `open`) before it releases the shard. So a flusher that waits while the shard is
+//        held, then takes `open`, misses no entry written before its flush began.
 //   (I2) Every entry of a block in submitted_ was written before the block was pushed, and
 //        was unreachable from shared memory when retire() was called (the caller's promise).
 //   (I3) A block reaches the reclaim worker only after a grace period that began after it
@@ -25,13 +31,16 @@
 //   (R1) Release CAS push onto submitted_ / reclaim_queue_ publishes the node's fields; pairs
 //        with the Acquire exchange that takes the whole stack (R2).
 //   (R2) Acquire exchange(nullptr) on submitted_ / reclaim_queue_.
-//   (R3) Acquire exchange on shard.open takes the open block with the entries written by the
-//        previous owner; pairs with the Release CAS that put it back (R4).
-//   (R4) Release CAS(nullptr -> block) on shard.open / shard.spare.
+//   (R3) Acquire exchange(shard_held()) on shard.open takes the shard and its block with the
+//        entries written by the previous holder; pairs with the Release store (R4).
+//   (R4) Release store of a block or nullptr to shard.open ends a hold; Release CAS
+//        (nullptr -> block) on shard.spare recycles an empty block.
 //
-// Progress guarantees: retire() is lock-free (a bounded number of exchanges and CASes, a
-// failed put-back submits the block instead of retrying). Pushes onto the stacks are
-// lock-free; takes are wait-free (one exchange). Only the GP thread and the worker block.
+// Progress guarantees: retire() is lock-free: one exchange and one store on its shard; a
+// thread that finds the shard held never waits for the holder, it submits a block of its
+// own. Pushes onto the stacks are lock-free; takes are wait-free (one exchange). Flushing
+// (the GP thread, barrier()) waits for a shard's holder: a handful of instructions unless
+// the holder is preempted. Only the GP thread, the worker, barrier() and back-pressure block.
 #pragma once
 
 #include <atomic>
@@ -86,8 +95,13 @@ static_assert(alignof(retire_entry) <= alignof(retire_block));
 // Empty blocks kept per shard for reuse (kvfree_rcu keeps 5 pages per CPU).
 inline constexpr unsigned kSpareBlocksPerShard = 4;
 
+// The value of shard.open while a thread holds the shard. Never dereferenced.
+inline retire_block* shard_held() noexcept {
+  return reinterpret_cast<retire_block*>(alignof(retire_block));
+}
+
 struct retire_shard {
-  // The block retirers on this CPU append to; nullptr while a retirer owns it.
+  // The block retirers on this CPU append to, nullptr, or shard_held().
   alignas(64) std::atomic<retire_block*> open{nullptr};
   // Empty blocks, refilled by the reclaim worker (on another CPU: its own cache line).
   alignas(64) std::atomic<retire_block*> spare[kSpareBlocksPerShard]{};
