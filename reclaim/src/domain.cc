@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -56,8 +57,10 @@ unsigned cpu_shard_count() noexcept {
 }
 }  // namespace detail
 
-void* system_allocator::malloc_allocate(std::size_t bytes, void*) noexcept {
-  return std::malloc(bytes);
+void* system_allocator::malloc_allocate(std::size_t bytes, std::size_t alignment,
+                                        void*) noexcept {
+  if (alignment <= alignof(std::max_align_t)) return std::malloc(bytes);
+  return std::aligned_alloc(alignment, (bytes + alignment - 1) & ~(alignment - 1));
 }
 
 void system_allocator::malloc_deallocate(void* memory, std::size_t, void*) noexcept {
@@ -154,6 +157,14 @@ void domain::synchronize() {
 void domain::barrier() { engine_->barrier(); }
 
 void domain::request_gp() noexcept { engine_->request_gp(); }
+
+void domain::synchronize_when_unpinned() noexcept {
+  if (in_read_section()) {
+    detail::defer_grace_period(engine_.get());
+  } else {
+    engine_->run_grace_period();
+  }
+}
 
 domain_stats domain::stats() const noexcept { return engine_->stats(); }
 

@@ -379,7 +379,7 @@ retire_block* reclaim_engine::take_block(unsigned shard_index) noexcept {
   }
   const std::size_t size = retire_block::bytes_for(owner_.block_capacity_);
   const system_allocator& allocator = owner_.options_.allocator;
-  void* memory = allocator.allocate(size, allocator.context);
+  void* memory = allocator.allocate(size, alignof(retire_block), allocator.context);
   if (memory == nullptr) return nullptr;
   return new (memory) retire_block(owner_.block_capacity_, shard_index);
 }

@@ -109,5 +109,6 @@ class reclaim_engine {
 bool defer_emergency_reclaim(reclaim_engine* engine, void* object, void (*deleter)(void*),
                              std::size_t bytes) noexcept;
 void defer_backpressure_wait(reclaim_engine* engine) noexcept;
+void defer_grace_period(reclaim_engine* engine) noexcept;
 
 }  // namespace grace::detail

@@ -13,7 +13,9 @@ namespace {
 // Room for emergency reclaims postponed to the end of a read section. Static storage: the
 // emergency path runs precisely when memory cannot be had.
 constexpr unsigned kDeferredReclaimRoom = 64;
-constexpr unsigned kDeferredBackpressureRoom = 4;
+// Distinct domains a thread can owe a wait to at once; beyond that the wait is skipped (the
+// engine has been woken already, so this only weakens back-pressure, never safety).
+constexpr unsigned kDeferredDomainRoom = 4;
 
 struct deferred_reclaim {
   reclaim_engine* engine;
@@ -22,11 +24,32 @@ struct deferred_reclaim {
   std::size_t bytes;
 };
 
+struct engine_set {
+  reclaim_engine* engines[kDeferredDomainRoom];
+  unsigned count = 0;
+
+  bool add(reclaim_engine* engine) noexcept {
+    for (unsigned i = 0; i < count; ++i) {
+      if (engines[i] == engine) return true;
+    }
+    if (count == kDeferredDomainRoom) return false;
+    engines[count++] = engine;
+    return true;
+  }
+  // Empties the set into `out`; returns how many.
+  unsigned take(reclaim_engine** out) noexcept {
+    const unsigned taken = count;
+    for (unsigned i = 0; i < taken; ++i) out[i] = engines[i];
+    count = 0;
+    return taken;
+  }
+};
+
 struct deferred_work {
   deferred_reclaim reclaims[kDeferredReclaimRoom];
   unsigned reclaim_count = 0;
-  reclaim_engine* backpressure[kDeferredBackpressureRoom];
-  unsigned backpressure_count = 0;
+  engine_set grace_periods;  // synchronize_when_unpinned()
+  engine_set backpressure;   // hard limit crossed inside a read section
 };
 
 constinit thread_local deferred_work tls_deferred{};
@@ -80,14 +103,11 @@ bool defer_emergency_reclaim(reclaim_engine* engine, void* object, void (*delete
 }
 
 void defer_backpressure_wait(reclaim_engine* engine) noexcept {
-  deferred_work& work = tls_deferred;
-  for (unsigned i = 0; i < work.backpressure_count; ++i) {
-    if (work.backpressure[i] == engine) return;
-  }
-  // With no room left the wait is skipped: the soft-limit drain is already running.
-  if (work.backpressure_count == kDeferredBackpressureRoom) return;
-  work.backpressure[work.backpressure_count++] = engine;
-  tls_reader.has_deferred_work = true;
+  if (tls_deferred.backpressure.add(engine)) tls_reader.has_deferred_work = true;
+}
+
+void defer_grace_period(reclaim_engine* engine) noexcept {
+  if (tls_deferred.grace_periods.add(engine)) tls_reader.has_deferred_work = true;
 }
 
 void run_deferred_work_slow() noexcept {
@@ -98,11 +118,12 @@ void run_deferred_work_slow() noexcept {
   const unsigned reclaim_count = work.reclaim_count;
   for (unsigned i = 0; i < reclaim_count; ++i) reclaims[i] = work.reclaims[i];
   work.reclaim_count = 0;
-  reclaim_engine* waits[kDeferredBackpressureRoom];
-  const unsigned wait_count = work.backpressure_count;
-  for (unsigned i = 0; i < wait_count; ++i) waits[i] = work.backpressure[i];
-  work.backpressure_count = 0;
+  reclaim_engine* grace_periods[kDeferredDomainRoom];
+  const unsigned grace_period_count = work.grace_periods.take(grace_periods);
+  reclaim_engine* waits[kDeferredDomainRoom];
+  const unsigned wait_count = work.backpressure.take(waits);
 
+  for (unsigned i = 0; i < grace_period_count; ++i) grace_periods[i]->run_grace_period();
   if (reclaim_count != 0) {
     // One grace period covers every postponed object: each was retired inside the read
     // section that has just ended, so after it began.

@@ -133,6 +133,10 @@ class domain {
   // Asks the engine to run a grace period soon, even with nothing to reclaim (for callers
   // that poll cookies, such as grace::object_pool). Never blocks.
   void request_gp() noexcept;
+  // Runs a grace period on the calling thread now if it holds no read_guard, otherwise when
+  // its outermost guard ends. Never blocks inside a read section. For a thread whose garbage
+  // outruns the engine's grace periods: it pays for one itself, at a quiescent point.
+  void synchronize_when_unpinned() noexcept;
 
   domain_stats stats() const noexcept;
   const domain_options& options() const noexcept { return options_; }

@@ -11,14 +11,16 @@
 namespace grace {
 
 struct system_allocator {
-  // Returns `bytes` of memory aligned to alignof(std::max_align_t), or nullptr.
-  void* (*allocate)(std::size_t bytes, void* context) noexcept = &malloc_allocate;
+  // Returns `bytes` of memory aligned to `alignment` (a power of two, at least
+  // alignof(std::max_align_t)), or nullptr.
+  void* (*allocate)(std::size_t bytes, std::size_t alignment, void* context) noexcept =
+      &malloc_allocate;
   // Releases memory returned by allocate(); `bytes` is the size it was asked for.
   void (*deallocate)(void* memory, std::size_t bytes, void* context) noexcept = &malloc_deallocate;
   // Passed to both functions unchanged.
   void* context = nullptr;
 
-  static void* malloc_allocate(std::size_t bytes, void* context) noexcept;
+  static void* malloc_allocate(std::size_t bytes, std::size_t alignment, void* context) noexcept;
   static void malloc_deallocate(void* memory, std::size_t bytes, void* context) noexcept;
 };
 

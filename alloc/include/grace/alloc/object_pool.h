@@ -1,0 +1,207 @@
+// grace::object_pool: a per-CPU object pool that reuses a freed object only after a full
+// grace period (the Linux BPF allocator's reuse-after-GP design).
+//
+// A lock-free structure that frees an element and hands the same memory out again at once
+// lets a reader still holding the old pointer see a different object. object_pool closes
+// that hole without paying malloc + call_rcu per object:
+//
+//   grace::object_pool pool(sizeof(node));
+//   node* n = new (pool.allocate()) node{...};   // publish n
+//   ...                                          // unlink n
+//   pool.deallocate(n);   // handed out again only after every reader that saw n has left
+//
+// Guarantee: an object passed to deallocate() is never returned by allocate() before a full
+// grace period of the pool's domain has elapsed since that deallocate() (unless the pool was
+// built with reuse_after_gp = false, the unsafe speed reference). Objects are never written
+// by the pool while they wait, so readers see them intact until they leave.
+//
+// Memory: per-CPU caches keep between the low and high watermarks of ready objects; surplus
+// moves to a shared depot other CPUs draw from, or back to the system; fresh objects are cut
+// from 64 KiB chunks that return to the system once every object cut from them is released.
+// Objects waiting for a grace period are bounded by waking the domain's engine and, past
+// caller_gp_threshold, by the deallocating thread running a grace period itself at its next
+// quiescent point (never inside a read section).
+//
+// Destroying a pool runs its domain's barrier() once and releases every chunk. Destroying it
+// while objects are still allocated is a usage error: debug builds abort with the count;
+// release builds release the memory anyway.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "grace/alloc/detail/asan.h"
+#include "grace/alloc/detail/magazine.h"
+#include "grace/reclaim/detail/cpu.h"
+#include "grace/reclaim/domain.h"
+
+namespace grace {
+
+namespace detail {
+struct pool_core;
+}  // namespace detail
+
+struct pool_options {
+  // Ready objects a CPU cache keeps: below low it refills a batch; above high it sheds down
+  // to (low + high) / 2. 0 picks the BPF allocator's defaults by object size: 32/96/48 up to
+  // 256 bytes, scaled by 256/size above.
+  std::size_t low_watermark = 0;
+  std::size_t high_watermark = 0;
+  std::size_t batch = 0;
+  // Objects' alignment: a power of two; 0 means alignof(std::max_align_t).
+  std::size_t alignment = 0;
+  // false: a freed object is reused at once. UNSAFE for RCU readers: it exists only as the
+  // speed reference that shows what the grace period costs.
+  bool reuse_after_gp = true;
+  // Objects waiting for a grace period in one CPU cache above which the domain's engine is
+  // woken at once (the rcu_request_urgent_qs_task analogue). 0 means 2 x batch.
+  std::size_t gp_request_threshold = 0;
+  // Waiting objects in one CPU cache above which the deallocating thread runs a grace period
+  // itself, at its next quiescent point (domain::synchronize_when_unpinned()). On a busy
+  // machine the engine's thread competes for a core with the threads producing garbage;
+  // the producers paying for grace periods keeps memory flat. 0 disables it.
+  std::size_t caller_gp_threshold = 4096;
+  // Where chunks and magazines come from.
+  system_allocator allocator{};
+};
+
+// Approximate snapshot; fields are not mutually consistent. Never reset.
+struct pool_stats {
+  std::uint64_t allocated = 0;            // allocate() calls served
+  std::uint64_t deallocated = 0;          // deallocate() calls
+  std::uint64_t reused_after_gp = 0;      // objects made allocatable again after a GP
+  std::uint64_t fresh = 0;                // objects cut from chunks
+  std::uint64_t returned_to_system = 0;   // objects released to their chunks
+  std::uint64_t ready = 0;                // gauge: allocatable objects held (per-cache lag)
+  std::uint64_t waiting_for_gp = 0;       // gauge: deallocated, grace period not yet elapsed
+  std::uint64_t held_bytes = 0;           // chunk memory held now
+  std::uint64_t peak_held_bytes = 0;
+  std::uint64_t chunks = 0;               // chunks held now
+};
+
+class object_pool {
+ public:
+  // Throws std::invalid_argument naming the option for bad options or object_size == 0.
+  explicit object_pool(std::size_t object_size, pool_options options = {},
+                       domain& reclamation = domain::global());
+  ~object_pool();
+
+  object_pool(const object_pool&) = delete;
+  object_pool& operator=(const object_pool&) = delete;
+
+  // Returns uninitialized memory for one object. Throws std::bad_alloc when the system has
+  // no memory, leaving the pool consistent.
+  void* allocate();
+  // Requires: object came from this pool's allocate() and is deallocated once. May be called
+  // inside a read section. nullptr is ignored.
+  void deallocate(void* object) noexcept;
+  // All or nothing: on std::bad_alloc no object is left allocated.
+  void allocate_bulk(void** objects, std::size_t count);
+  void deallocate_bulk(void* const* objects, std::size_t count) noexcept;
+
+  pool_stats stats() const noexcept;
+  std::size_t object_size() const noexcept { return object_size_; }
+  domain& reclamation_domain() const noexcept { return domain_; }
+  const pool_options& options() const noexcept { return options_; }
+
+ private:
+  friend struct detail::pool_core;
+
+  // The holder's slow paths: called with `cache` held; they release it.
+  [[gnu::cold, gnu::noinline]] void* allocate_slow(detail::pool_cache& cache);
+  [[gnu::cold, gnu::noinline]] void deallocate_slow(detail::pool_cache& cache,
+                                                    void* object) noexcept;
+  // The CPU's cache was held by another thread.
+  [[gnu::cold, gnu::noinline]] void* allocate_contended_slow(unsigned home);
+  [[gnu::cold, gnu::noinline]] void deallocate_contended_slow(unsigned home,
+                                                              void* object) noexcept;
+  void release_hold(detail::pool_cache& cache) noexcept {
+    // Release (A2): the next holder sees this holder's changes; pairs with (A1).
+    cache.held.store(false, std::memory_order_release);
+  }
+
+  std::size_t object_size_;
+  pool_options options_;
+  domain& domain_;
+  std::unique_ptr<detail::pool_cache[]> caches_;
+  unsigned cache_mask_;
+  std::unique_ptr<detail::pool_core> core_;
+};
+
+inline void* object_pool::allocate() {
+  const unsigned home = detail::current_cpu() & cache_mask_;
+  detail::pool_cache& cache = caches_[home];
+  // Acquire (A1): take the cache with its previous holder's changes; pairs with (A2).
+  if (cache.held.exchange(true, std::memory_order_acquire)) [[unlikely]] {
+    return allocate_contended_slow(home);
+  }
+  detail::magazine* loaded = cache.loaded;
+  if (loaded == nullptr || loaded->empty()) [[unlikely]] return allocate_slow(cache);
+  void* object = loaded->objects()[--loaded->count];
+  detail::bump(cache.allocated);
+  release_hold(cache);
+  detail::asan_unpoison(object, object_size_);
+  return object;
+}
+
+inline void object_pool::deallocate(void* object) noexcept {
+  if (object == nullptr) return;
+  const unsigned home = detail::current_cpu() & cache_mask_;
+  detail::pool_cache& cache = caches_[home];
+  // Acquire (A1): as in allocate().
+  if (cache.held.exchange(true, std::memory_order_acquire)) [[unlikely]] {
+    deallocate_contended_slow(home, object);
+    return;
+  }
+  // (P1)/(P2): with reuse_after_gp the object waits in `freed`; without, it is ready at once.
+  detail::magazine* target = options_.reuse_after_gp ? cache.freed : cache.loaded;
+  if (target == nullptr || target->full()) [[unlikely]] {
+    deallocate_slow(cache, object);
+    return;
+  }
+  target->objects()[target->count++] = object;
+  detail::bump(cache.deallocated);
+  if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
+  release_hold(cache);
+}
+
+// A typed face over object_pool: create() constructs, destroy() destroys and deallocates.
+// destroy() runs ~T() at once: for an object readers may still see, either T is trivially
+// destructible, or retire it through the domain and destroy it from the deleter.
+template <class T>
+class typed_pool {
+ public:
+  explicit typed_pool(pool_options options = {}, domain& reclamation = domain::global())
+      : pool_(sizeof(T), with_alignment(options), reclamation) {}
+
+  template <class... Args>
+  T* create(Args&&... args) {
+    void* memory = pool_.allocate();
+    try {
+      return new (memory) T(std::forward<Args>(args)...);
+    } catch (...) {
+      pool_.deallocate(memory);
+      throw;
+    }
+  }
+  void destroy(T* object) noexcept {
+    if (object == nullptr) return;
+    object->~T();
+    pool_.deallocate(object);
+  }
+
+  object_pool& pool() noexcept { return pool_; }
+  pool_stats stats() const noexcept { return pool_.stats(); }
+
+ private:
+  static pool_options with_alignment(pool_options options) {
+    if (options.alignment == 0) options.alignment = alignof(T);
+    return options;
+  }
+  object_pool pool_;
+};
+
+}  // namespace grace

@@ -1,0 +1,760 @@
+// grace::object_pool: construction, destruction and the slow paths.
+#include "grace/alloc/object_pool.h"
+
+#include <algorithm>
+#include <chrono>
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace grace::detail {
+
+// Every chunk is kChunkBytes, aligned to kChunkBytes, so an object finds its chunk (and so
+// its pool) by masking its address: the retire() deleters need nothing but the object.
+inline constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
+inline constexpr std::size_t kChunkHeaderBytes = 64;
+// Objects per chunk at least this many; bounds the largest poolable object.
+inline constexpr std::size_t kMinObjectsPerChunk = 4;
+inline constexpr std::size_t kMaxObjectSize =
+    (kChunkBytes - kChunkHeaderBytes) / kMinObjectsPerChunk;
+inline constexpr unsigned kDepotSlotsPerCache = 16;
+// The idle trim runs at most this often (and after a grace period).
+inline constexpr std::chrono::milliseconds kTrimInterval{20};
+inline constexpr unsigned kEmptyMagazinesPerCache = 2;
+
+// A record of one chunk, kept for the pool's lifetime so destruction can find chunks that
+// still hold allocated objects. Records of released chunks are reused.
+struct chunk_record {
+  chunk_record* next_all = nullptr;   // immutable once pushed onto records_
+  chunk_record* next_free = nullptr;  // written by the owner before a push onto free_records_
+  std::atomic<chunk*> live{nullptr};
+};
+
+struct chunk {
+  pool_core* core;
+  chunk_record* record;
+  std::atomic<std::uint32_t> released{0};  // (P5)
+  std::uint32_t capacity;
+};
+static_assert(sizeof(chunk) <= kChunkHeaderBytes);
+
+struct pool_core {
+  object_pool& pool;
+  domain& reclamation;
+  const std::size_t stride;
+  const std::size_t first_offset;
+  const std::uint32_t objects_per_chunk;
+  const std::uint32_t batch;
+  const std::uint64_t low;
+  const std::uint64_t high;
+  // Ready objects a busy cache may hold: the high watermark plus what one grace period
+  // releases at once. Above it the hot paths shed; the idle trim goes down to the watermarks.
+  const std::uint64_t busy_high;
+  const std::uint64_t gp_request_threshold;
+  const std::uint64_t caller_gp_threshold;
+  const unsigned depot_slots;
+  std::unique_ptr<std::atomic<magazine*>[]> depot;  // (P4)
+
+  std::atomic<chunk_record*> records{nullptr};       // push-only
+  std::atomic<chunk_record*> free_records{nullptr};  // push-chain / take-all: no ABA
+  std::atomic<bool> trim_scheduled{false};
+  std::atomic<bool> destroying{false};
+  // Relaxed: the trim pass compares it between passes to tell whether the depot is in use.
+  std::atomic<std::uint64_t> depot_takes{0};
+  // Owned by the trim pass (one at a time: trim_scheduled).
+  std::uint64_t depot_takes_at_last_trim = 0;
+  std::chrono::steady_clock::time_point last_trim{};
+
+  // Relaxed: statistics.
+  std::atomic<std::uint64_t> held_bytes{0};
+  std::atomic<std::uint64_t> peak_held_bytes{0};
+  std::atomic<std::uint64_t> chunks{0};
+  std::atomic<std::uint64_t> returned{0};
+  std::atomic<std::uint64_t> unheld_allocations{0};
+  std::atomic<std::uint64_t> unheld_deallocations{0};
+
+  pool_core(object_pool& owner, std::size_t object_stride, std::size_t offset,
+            std::uint32_t magazine_batch, std::uint64_t low_mark, std::uint64_t high_mark,
+            std::uint64_t request_threshold, std::uint64_t caller_threshold, unsigned slots)
+      : pool(owner),
+        reclamation(owner.domain_),
+        stride(object_stride),
+        first_offset(offset),
+        objects_per_chunk(static_cast<std::uint32_t>((kChunkBytes - offset) / object_stride)),
+        batch(magazine_batch),
+        low(low_mark),
+        high(high_mark),
+        busy_high(high_mark + std::max(request_threshold, caller_threshold) + magazine_batch),
+        gp_request_threshold(request_threshold),
+        caller_gp_threshold(caller_threshold),
+        depot_slots(slots),
+        depot(std::make_unique<std::atomic<magazine*>[]>(slots)) {}
+
+  const system_allocator& allocator() const noexcept { return pool.options_.allocator; }
+
+  static chunk* chunk_of(void* object) noexcept {
+    return reinterpret_cast<chunk*>(reinterpret_cast<std::uintptr_t>(object) &
+                                    ~(kChunkBytes - 1));
+  }
+  void* object_at(chunk* c, std::uint32_t index) const noexcept {
+    return reinterpret_cast<char*>(c) + first_offset + index * stride;
+  }
+
+  // --- chunks -------------------------------------------------------------------------------
+
+  chunk_record* take_record() noexcept {
+    // Acquire: the records' next_free links written before their push; pairs with the
+    // Release CAS in give_records().
+    chunk_record* list = free_records.exchange(nullptr, std::memory_order_acquire);
+    if (list != nullptr) {
+      if (list->next_free != nullptr) give_records(list->next_free);
+      return list;
+    }
+    void* memory = allocator().allocate(sizeof(chunk_record), alignof(chunk_record),
+                                        allocator().context);
+    if (memory == nullptr) return nullptr;
+    auto* record = new (memory) chunk_record();
+    chunk_record* head = records.load(std::memory_order_relaxed);
+    do {
+      record->next_all = head;
+      // Release: next_all is visible to the destructor's walk (which runs after every
+      // thread is done, so this only orders the link itself).
+    } while (!records.compare_exchange_weak(head, record, std::memory_order_release,
+                                            std::memory_order_relaxed));
+    return record;
+  }
+
+  void give_records(chunk_record* first) noexcept {
+    chunk_record* last = first;
+    while (last->next_free != nullptr) last = last->next_free;
+    chunk_record* head = free_records.load(std::memory_order_relaxed);
+    do {
+      last->next_free = head;
+      // Release: the chain's links are visible to the taker; pairs with take_record().
+    } while (!free_records.compare_exchange_weak(head, first, std::memory_order_release,
+                                                 std::memory_order_relaxed));
+  }
+
+  chunk* new_chunk() noexcept {
+    chunk_record* record = take_record();
+    if (record == nullptr) return nullptr;
+    void* memory = allocator().allocate(kChunkBytes, kChunkBytes, allocator().context);
+    if (memory == nullptr) {
+      record->next_free = nullptr;
+      give_records(record);
+      return nullptr;
+    }
+    auto* c = new (memory) chunk{this, record, {0}, objects_per_chunk};
+    // Relaxed: read only by the destructor, after every thread is done with the pool.
+    record->live.store(c, std::memory_order_relaxed);
+    chunks.fetch_add(1, std::memory_order_relaxed);
+    const std::uint64_t held =
+        held_bytes.fetch_add(kChunkBytes, std::memory_order_relaxed) + kChunkBytes;
+    std::uint64_t peak = peak_held_bytes.load(std::memory_order_relaxed);
+    // Relaxed: a statistic.
+    while (peak < held &&
+           !peak_held_bytes.compare_exchange_weak(peak, held, std::memory_order_relaxed)) {
+    }
+    return c;
+  }
+
+  void free_chunk(chunk* c) noexcept {
+    chunk_record* record = c->record;
+    // Relaxed: as in new_chunk().
+    record->live.store(nullptr, std::memory_order_relaxed);
+    record->next_free = nullptr;
+    give_records(record);
+    chunks.fetch_sub(1, std::memory_order_relaxed);
+    held_bytes.fetch_sub(kChunkBytes, std::memory_order_relaxed);
+    asan_unpoison(c, kChunkBytes);
+    c->~chunk();
+    allocator().deallocate(c, kChunkBytes, allocator().context);
+  }
+
+  // (P5): `count` objects of `c` will never be used again.
+  void release_to_chunk(chunk* c, std::uint32_t count) noexcept {
+    // AcqRel (A5): every release happens-before the last releaser frees the chunk.
+    if (c->released.fetch_add(count, std::memory_order_acq_rel) + count == c->capacity) {
+      free_chunk(c);
+    }
+  }
+
+  static void release_object_after_gp(void* object) noexcept {
+    chunk* c = chunk_of(object);
+    pool_core* core = c->core;
+    core->returned.fetch_add(1, std::memory_order_relaxed);
+    core->release_to_chunk(c, 1);
+  }
+
+  // --- magazines ----------------------------------------------------------------------------
+
+  magazine* new_magazine(pool_cache& cache) noexcept {
+    if (magazine* m = cache.empty) {
+      cache.empty = m->next;
+      --cache.empty_count;
+      m->next = nullptr;
+      return m;
+    }
+    void* memory = allocator().allocate(magazine::bytes_for(batch), alignof(magazine),
+                                        allocator().context);
+    return memory == nullptr ? nullptr : new (memory) magazine(batch);
+  }
+
+  void free_magazine(magazine* m) noexcept {
+    m->~magazine();
+    allocator().deallocate(m, magazine::bytes_for(batch), allocator().context);
+  }
+
+  void stash_magazine(pool_cache& cache, magazine* m) noexcept {
+    m->count = 0;
+    m->ready = false;
+    m->gp_cookie = 0;
+    if (cache.empty_count < kEmptyMagazinesPerCache) {
+      m->next = cache.empty;
+      cache.empty = m;
+      ++cache.empty_count;
+    } else {
+      free_magazine(m);
+    }
+  }
+
+  // Every object of `m` goes back to its chunk; requires a grace period since each was
+  // deallocated (m is ready, or the pool is being destroyed after synchronize()).
+  void release_objects(magazine* m) noexcept {
+    void** objects = m->objects();
+    for (std::uint32_t i = 0; i < m->count; ++i) release_to_chunk(chunk_of(objects[i]), 1);
+    returned.fetch_add(m->count, std::memory_order_relaxed);
+    m->count = 0;
+  }
+
+  // retire() deleter for a waiting magazine shed when the depot is full.
+  static void release_waiting_magazine(void* pointer) noexcept {
+    auto* m = static_cast<magazine*>(pointer);
+    pool_core* core = chunk_of(m->objects()[0])->core;
+    core->release_objects(m);
+    core->free_magazine(m);
+  }
+
+  bool to_depot(magazine* m) noexcept {
+    for (unsigned i = 0; i < depot_slots; ++i) {
+      magazine* expected = nullptr;
+      // Release (A3): the magazine's contents are visible to the taker; pairs with (A4).
+      if (depot[i].load(std::memory_order_relaxed) == nullptr &&
+          depot[i].compare_exchange_strong(expected, m, std::memory_order_release,
+                                           std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // --- the grace-period stages ----------------------------------------------------------------
+
+  void promote(pool_cache& cache, magazine* m) noexcept {
+    m->ready = true;
+    void** objects = m->objects();
+    for (std::uint32_t i = 0; i < m->count; ++i) asan_poison(objects[i], pool.object_size_);
+    bump(cache.reused, m->count);
+    cache.ready.push_back(m);
+  }
+
+  void promote_elapsed(pool_cache& cache) noexcept {
+    while (cache.waiting.head != nullptr &&
+           reclamation.gp_elapsed(cache.waiting.head->gp_cookie)) {
+      promote(cache, cache.waiting.pop_front());
+    }
+  }
+
+  // (P1): the cookie is taken after the magazine's last object was added.
+  void seal(pool_cache& cache) noexcept {
+    magazine* m = cache.freed;
+    cache.freed = nullptr;
+    m->gp_cookie = reclamation.gp_cookie();
+    cache.waiting.push_back(m);
+  }
+
+  // Takes magazines from the depot until one is ready; adopts waiting ones on the way.
+  void take_from_depot(pool_cache& cache) noexcept {
+    for (unsigned i = 0; i < depot_slots; ++i) {
+      if (depot[i].load(std::memory_order_relaxed) == nullptr) continue;
+      // Acquire (A4): own the magazine and its contents; pairs with (A3).
+      magazine* m = depot[i].exchange(nullptr, std::memory_order_acquire);
+      if (m == nullptr) continue;
+      depot_takes.fetch_add(1, std::memory_order_relaxed);
+      if (m->ready) {
+        cache.ready.push_back(m);
+        return;
+      }
+      if (reclamation.gp_elapsed(m->gp_cookie)) {
+        promote(cache, m);
+        return;
+      }
+      cache.waiting.push_back(m);
+    }
+  }
+
+  // Cuts fresh objects into the (empty) loaded magazine; false if none could be had.
+  bool refill_fresh(pool_cache& cache) noexcept {
+    if (cache.loaded == nullptr) {
+      cache.loaded = new_magazine(cache);
+      if (cache.loaded == nullptr) return false;
+    }
+    magazine* m = cache.loaded;
+    std::uint32_t added = 0;
+    while (m->count < batch) {
+      if (cache.carving == nullptr || cache.carved == objects_per_chunk) {
+        chunk* c = new_chunk();
+        if (c == nullptr) break;
+        cache.carving = c;
+        cache.carved = 0;
+      }
+      const std::uint32_t take = std::min(batch - m->count, objects_per_chunk - cache.carved);
+      for (std::uint32_t i = 0; i < take; ++i) {
+        m->objects()[m->count++] = object_at(cache.carving, cache.carved++);
+      }
+      added += take;
+    }
+    bump(cache.fresh, added);
+    return m->count != 0;
+  }
+
+  std::uint64_t ready_objects(const pool_cache& cache) const noexcept {
+    return (cache.loaded != nullptr ? cache.loaded->count : 0) + cache.ready.objects;
+  }
+  std::uint64_t waiting_objects(const pool_cache& cache) const noexcept {
+    return cache.waiting.objects + (cache.freed != nullptr ? cache.freed->count : 0);
+  }
+
+  // Sheds ready magazines (oldest first) while the cache holds more than `limit` ready
+  // objects: to the depot, or back to the system when the depot is full.
+  void shed_ready(pool_cache& cache, std::uint64_t limit, bool to_depot_first) noexcept {
+    std::uint64_t ready = ready_objects(cache);
+    while (ready > limit && cache.ready.head != nullptr) {
+      magazine* m = cache.ready.pop_front();
+      ready -= m->count;
+      if (!to_depot_first || !to_depot(m)) {
+        release_objects(m);
+        stash_magazine(cache, m);
+      }
+    }
+  }
+
+  void update_gauges(pool_cache& cache) noexcept {
+    // Relaxed: gauges, written by the holder only.
+    cache.ready_gauge.store(ready_objects(cache), std::memory_order_relaxed);
+    cache.waiting_gauge.store(waiting_objects(cache), std::memory_order_relaxed);
+  }
+
+  // After the hold is released: urge grace periods on for a cache with `waiting` objects.
+  void drive_gp(std::uint64_t waiting) noexcept {
+    if (!pool.options_.reuse_after_gp || waiting <= gp_request_threshold) return;
+    reclamation.request_gp();
+    if (caller_gp_threshold != 0 && waiting > caller_gp_threshold) {
+      reclamation.synchronize_when_unpinned();
+    }
+  }
+
+  // Whether the idle trim has anything to look at in this cache.
+  bool needs_trim(const pool_cache& cache) const noexcept {
+    return ready_objects(cache) > high || waiting_objects(cache) != 0;
+  }
+
+  // The idle trim: a cache that allocated nothing since the last pass sheds its ready
+  // objects down to the watermarks, and a depot nobody took from is emptied, so memory a
+  // burst needed goes back to the system even when no thread touches the pool again. One
+  // pass at a time, run by the domain's worker after a grace period, at most every
+  // kTrimInterval; it reschedules itself while anything is left to trim.
+  void schedule_trim() noexcept {
+    // Relaxed: the flag only limits passes in flight to one; retire() orders the pass.
+    if (trim_scheduled.load(std::memory_order_relaxed) ||
+        trim_scheduled.exchange(true, std::memory_order_relaxed)) {
+      return;
+    }
+    reclamation.retire(this, &pool_core::trim_pass);
+  }
+
+  static void trim_pass(void* pointer) noexcept {
+    auto* core = static_cast<pool_core*>(pointer);
+    // Relaxed: see schedule_trim().
+    core->trim_scheduled.store(false, std::memory_order_relaxed);
+    // Relaxed: set by the destructor before its barrier(), which waits for this pass.
+    if (core->destroying.load(std::memory_order_relaxed)) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - core->last_trim < kTrimInterval) {
+      core->schedule_trim();
+      return;
+    }
+    core->last_trim = now;
+    object_pool& pool = core->pool;
+    bool again = false;
+    for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
+      pool_cache& cache = pool.caches_[i];
+      // Acquire (A1): pairs with (A2). A held cache is busy: look again next pass.
+      if (cache.held.exchange(true, std::memory_order_acquire)) {
+        again = true;
+        continue;
+      }
+      if (pool.options_.reuse_after_gp) core->promote_elapsed(cache);
+      // Relaxed: only holders write it, and we hold the cache.
+      const std::uint64_t allocated = cache.allocated.load(std::memory_order_relaxed);
+      if (allocated == cache.allocated_at_last_trim) {
+        if (cache.freed != nullptr && !cache.freed->empty()) core->seal(cache);
+        core->shed_ready(cache, (core->low + core->high) / 2, /*to_depot_first=*/false);
+      }
+      cache.allocated_at_last_trim = allocated;
+      again = again || core->needs_trim(cache);
+      core->update_gauges(cache);
+      pool.release_hold(cache);
+    }
+    const std::uint64_t takes = core->depot_takes.load(std::memory_order_relaxed);
+    const bool depot_idle = takes == core->depot_takes_at_last_trim;
+    core->depot_takes_at_last_trim = takes;
+    for (unsigned i = 0; i < core->depot_slots; ++i) {
+      if (core->depot[i].load(std::memory_order_relaxed) == nullptr) continue;
+      again = true;
+      if (!depot_idle) continue;
+      // Acquire (A4): pairs with (A3).
+      magazine* m = core->depot[i].exchange(nullptr, std::memory_order_acquire);
+      if (m == nullptr) continue;
+      if (m->ready || core->reclamation.gp_elapsed(m->gp_cookie)) {
+        core->release_objects(m);
+        core->free_magazine(m);
+      } else if (!core->to_depot(m)) {
+        core->reclamation.retire(m, &pool_core::release_waiting_magazine);
+      }
+    }
+    if (again) core->schedule_trim();
+  }
+};
+
+}  // namespace grace::detail
+
+namespace grace {
+namespace {
+
+pool_options resolve_options(std::size_t object_size, pool_options options) {
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("grace::object_pool: " + what);
+  };
+  if (object_size == 0) fail("object_size must be at least 1");
+  if (object_size > detail::kMaxObjectSize) {
+    fail("object_size " + std::to_string(object_size) + " exceeds the largest pooled size, " +
+         std::to_string(detail::kMaxObjectSize) + " bytes");
+  }
+  if (options.alignment == 0) options.alignment = alignof(std::max_align_t);
+  if (!std::has_single_bit(options.alignment) || options.alignment > 4096) {
+    fail("pool_options.alignment must be a power of two up to 4096, got " +
+         std::to_string(options.alignment));
+  }
+  const bool defaults = options.low_watermark == 0 && options.high_watermark == 0 &&
+                        options.batch == 0;
+  if (defaults) {
+    // The BPF allocator's watermarks: 32/96 up to 256 bytes, scaled down for larger ones.
+    if (object_size <= 256) {
+      options.low_watermark = 32;
+      options.high_watermark = 96;
+    } else {
+      options.low_watermark = std::max<std::size_t>(32 * 256 / object_size, 1);
+      options.high_watermark = std::max<std::size_t>(96 * 256 / object_size, 3);
+    }
+    options.batch = std::max<std::size_t>((options.high_watermark - options.low_watermark) / 4 * 3, 1);
+  }
+  if (options.batch == 0) fail("pool_options.batch must be at least 1");
+  if (options.batch > 4096) fail("pool_options.batch must be at most 4096");
+  if (options.high_watermark < options.batch) {
+    fail("pool_options.high_watermark (" + std::to_string(options.high_watermark) +
+         ") must be >= batch (" + std::to_string(options.batch) + ")");
+  }
+  if (options.low_watermark > options.high_watermark) {
+    fail("pool_options.low_watermark (" + std::to_string(options.low_watermark) +
+         ") must be <= high_watermark (" + std::to_string(options.high_watermark) + ")");
+  }
+  if (options.gp_request_threshold == 0) options.gp_request_threshold = 2 * options.batch;
+  if (options.allocator.allocate == nullptr || options.allocator.deallocate == nullptr) {
+    fail("pool_options.allocator must have both allocate and deallocate");
+  }
+  return options;
+}
+
+std::size_t round_up(std::size_t value, std::size_t alignment) {
+  return (value + alignment - 1) & ~(alignment - 1);
+}
+
+}  // namespace
+
+object_pool::object_pool(std::size_t object_size, pool_options options, domain& reclamation)
+    : object_size_(object_size),
+      options_(resolve_options(object_size, options)),
+      domain_(reclamation),
+      caches_(std::make_unique<detail::pool_cache[]>(detail::cpu_shard_count())),
+      cache_mask_(detail::cpu_shard_count() - 1) {
+  const std::size_t stride = round_up(object_size_, options_.alignment);
+  const std::size_t offset = round_up(detail::kChunkHeaderBytes, options_.alignment);
+  core_ = std::make_unique<detail::pool_core>(
+      *this, stride, offset, static_cast<std::uint32_t>(options_.batch), options_.low_watermark,
+      options_.high_watermark, options_.gp_request_threshold, options_.caller_gp_threshold,
+      detail::kDepotSlotsPerCache * (cache_mask_ + 1));
+}
+
+object_pool::~object_pool() {
+  detail::pool_core& core = *core_;
+  // Objects still waiting may be in use by readers that began before their deallocate():
+  // wait for them once, and for every retire() the pool made (shed magazines, trim passes).
+  // Relaxed: the pass reads it after its grace period, which orders it after this store.
+  core.destroying.store(true, std::memory_order_relaxed);
+  domain_.synchronize();
+  domain_.barrier();
+  auto release_all = [&](detail::pool_cache& cache, detail::magazine* m) {
+    core.release_objects(m);
+    core.free_magazine(m);
+    (void)cache;
+  };
+  for (unsigned i = 0; i <= cache_mask_; ++i) {
+    detail::pool_cache& cache = caches_[i];
+    if (cache.loaded != nullptr) release_all(cache, cache.loaded);
+    if (cache.freed != nullptr) release_all(cache, cache.freed);
+    while (cache.waiting.head != nullptr) release_all(cache, cache.waiting.pop_front());
+    while (cache.ready.head != nullptr) release_all(cache, cache.ready.pop_front());
+    while (detail::magazine* m = cache.empty) {
+      cache.empty = m->next;
+      core.free_magazine(m);
+    }
+    if (cache.carving != nullptr && cache.carved != core.objects_per_chunk) {
+      core.release_to_chunk(cache.carving, core.objects_per_chunk - cache.carved);
+    }
+  }
+  for (unsigned i = 0; i < core.depot_slots; ++i) {
+    // Relaxed: every thread is done with the pool.
+    if (detail::magazine* m = core.depot[i].load(std::memory_order_relaxed)) {
+      core.release_objects(m);
+      core.free_magazine(m);
+    }
+  }
+  std::uint64_t outstanding = 0;
+  // Relaxed: as above.
+  for (detail::chunk_record* r = core.records.load(std::memory_order_relaxed); r != nullptr;
+       r = r->next_all) {
+    if (detail::chunk* c = r->live.load(std::memory_order_relaxed)) {
+      outstanding += c->capacity - c->released.load(std::memory_order_relaxed);
+    }
+  }
+  if (outstanding != 0) {
+#ifndef NDEBUG
+    std::fprintf(stderr,
+                 "grace::object_pool destroyed with %llu object(s) of %zu bytes still "
+                 "allocated: deallocate every object before destroying its pool.\n",
+                 static_cast<unsigned long long>(outstanding), object_size_);
+    std::abort();
+#endif
+  }
+  for (detail::chunk_record* r = core.records.load(std::memory_order_relaxed); r != nullptr;) {
+    detail::chunk_record* next = r->next_all;
+    if (detail::chunk* c = r->live.load(std::memory_order_relaxed)) {
+      detail::asan_unpoison(c, detail::kChunkBytes);
+      options_.allocator.deallocate(c, detail::kChunkBytes, options_.allocator.context);
+    }
+    r->~chunk_record();
+    options_.allocator.deallocate(r, sizeof(detail::chunk_record), options_.allocator.context);
+    r = next;
+  }
+}
+
+void* object_pool::allocate_slow(detail::pool_cache& cache) {
+  detail::pool_core& core = *core_;
+  if (options_.reuse_after_gp) core.promote_elapsed(cache);
+  if (cache.ready.head == nullptr) core.take_from_depot(cache);
+  if (cache.ready.head != nullptr) {
+    if (cache.loaded != nullptr) core.stash_magazine(cache, cache.loaded);
+    cache.loaded = cache.ready.pop_front();
+  } else {
+    // Nothing ready: start the grace period of what this CPU freed, and cut fresh objects
+    // meanwhile.
+    if (cache.freed != nullptr && !cache.freed->empty()) core.seal(cache);
+    if (!core.refill_fresh(cache)) {
+      core.update_gauges(cache);
+      release_hold(cache);
+      throw std::bad_alloc();
+    }
+  }
+  void* object = cache.loaded->objects()[--cache.loaded->count];
+  detail::bump(cache.allocated);
+  const std::uint64_t waiting = core.waiting_objects(cache);
+  const bool trim = core.needs_trim(cache);
+  core.update_gauges(cache);
+  release_hold(cache);
+  detail::asan_unpoison(object, object_size_);
+  core.drive_gp(waiting);
+  if (trim) core.schedule_trim();
+  return object;
+}
+
+void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexcept {
+  detail::pool_core& core = *core_;
+  detail::magazine*& target = options_.reuse_after_gp ? cache.freed : cache.loaded;
+  if (target != nullptr) {
+    // Full. (P1): sealed with a cookie; or, without reuse_after_gp, ready at once.
+    if (options_.reuse_after_gp) {
+      core.seal(cache);
+    } else {
+      target->ready = true;
+      cache.ready.push_back(target);
+      target = nullptr;
+    }
+  }
+  target = core.new_magazine(cache);
+  if (target == nullptr) {
+    // No memory for a magazine: the object returns to its chunk after a grace period.
+    core.update_gauges(cache);
+    release_hold(cache);
+    core.unheld_deallocations.fetch_add(1, std::memory_order_relaxed);
+    domain_.retire(object, &detail::pool_core::release_object_after_gp, object_size_);
+    return;
+  }
+  target->objects()[target->count++] = object;
+  if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
+  detail::bump(cache.deallocated);
+  if (options_.reuse_after_gp) core.promote_elapsed(cache);
+  core.shed_ready(cache, core.busy_high, /*to_depot_first=*/true);
+  const std::uint64_t waiting = core.waiting_objects(cache);
+  const bool trim = core.needs_trim(cache);
+  core.update_gauges(cache);
+  release_hold(cache);
+  core.drive_gp(waiting);
+  if (trim) core.schedule_trim();
+}
+
+void* object_pool::allocate_contended_slow(unsigned home) {
+  for (unsigned i = 1; i <= cache_mask_; ++i) {
+    detail::pool_cache& cache = caches_[(home + i) & cache_mask_];
+    // Acquire (A1): pairs with (A2).
+    if (cache.held.exchange(true, std::memory_order_acquire)) continue;
+    detail::magazine* loaded = cache.loaded;
+    if (loaded == nullptr || loaded->empty()) return allocate_slow(cache);
+    void* object = loaded->objects()[--loaded->count];
+    detail::bump(cache.allocated);
+    release_hold(cache);
+    detail::asan_unpoison(object, object_size_);
+    return object;
+  }
+  // Every cache is held (their holders were preempted): never wait for them. A chunk of our
+  // own serves this one object; its other objects are released at once (P5).
+  detail::pool_core& core = *core_;
+  detail::chunk* c = core.new_chunk();
+  if (c == nullptr) throw std::bad_alloc();
+  core.release_to_chunk(c, c->capacity - 1);
+  core.unheld_allocations.fetch_add(1, std::memory_order_relaxed);
+  return core.object_at(c, 0);
+}
+
+void object_pool::deallocate_contended_slow(unsigned home, void* object) noexcept {
+  for (unsigned i = 1; i <= cache_mask_; ++i) {
+    detail::pool_cache& cache = caches_[(home + i) & cache_mask_];
+    // Acquire (A1): pairs with (A2).
+    if (cache.held.exchange(true, std::memory_order_acquire)) continue;
+    detail::magazine* target = options_.reuse_after_gp ? cache.freed : cache.loaded;
+    if (target == nullptr || target->full()) {
+      deallocate_slow(cache, object);
+      return;
+    }
+    target->objects()[target->count++] = object;
+    detail::bump(cache.deallocated);
+    if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
+    release_hold(cache);
+    return;
+  }
+  // Every cache is held: the object goes back to its chunk after a grace period.
+  core_->unheld_deallocations.fetch_add(1, std::memory_order_relaxed);
+  domain_.retire(object, &detail::pool_core::release_object_after_gp, object_size_);
+}
+
+void object_pool::allocate_bulk(void** objects, std::size_t count) {
+  std::size_t done = 0;
+  try {
+    while (done < count) {
+      const unsigned home = detail::current_cpu() & cache_mask_;
+      detail::pool_cache& cache = caches_[home];
+      // Acquire (A1): pairs with (A2).
+      if (cache.held.exchange(true, std::memory_order_acquire)) {
+        objects[done++] = allocate_contended_slow(home);
+        continue;
+      }
+      detail::magazine* loaded = cache.loaded;
+      if (loaded == nullptr || loaded->empty()) {
+        objects[done++] = allocate_slow(cache);
+        continue;
+      }
+      // One hold serves as many objects as the loaded magazine has.
+      const std::size_t take = std::min<std::size_t>(count - done, loaded->count);
+      for (std::size_t i = 0; i < take; ++i) {
+        void* object = loaded->objects()[--loaded->count];
+        detail::asan_unpoison(object, object_size_);
+        objects[done++] = object;
+      }
+      detail::bump(cache.allocated, take);
+      release_hold(cache);
+    }
+  } catch (...) {
+    deallocate_bulk(objects, done);
+    throw;
+  }
+}
+
+void object_pool::deallocate_bulk(void* const* objects, std::size_t count) noexcept {
+  std::size_t done = 0;
+  while (done < count) {
+    if (objects[done] == nullptr) {
+      ++done;
+      continue;
+    }
+    const unsigned home = detail::current_cpu() & cache_mask_;
+    detail::pool_cache& cache = caches_[home];
+    // Acquire (A1): pairs with (A2).
+    if (cache.held.exchange(true, std::memory_order_acquire)) {
+      deallocate_contended_slow(home, objects[done++]);
+      continue;
+    }
+    detail::magazine* target = options_.reuse_after_gp ? cache.freed : cache.loaded;
+    if (target == nullptr || target->full()) {
+      deallocate_slow(cache, objects[done++]);
+      continue;
+    }
+    // One hold fills the magazine as far as it has room.
+    std::uint64_t added = 0;
+    while (done < count && !target->full()) {
+      void* object = objects[done++];
+      if (object == nullptr) continue;
+      if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
+      target->objects()[target->count++] = object;
+      ++added;
+    }
+    detail::bump(cache.deallocated, added);
+    release_hold(cache);
+  }
+}
+
+pool_stats object_pool::stats() const noexcept {
+  const detail::pool_core& core = *core_;
+  pool_stats s;
+  // Relaxed throughout: an approximate snapshot.
+  for (unsigned i = 0; i <= cache_mask_; ++i) {
+    const detail::pool_cache& cache = caches_[i];
+    s.allocated += cache.allocated.load(std::memory_order_relaxed);
+    s.deallocated += cache.deallocated.load(std::memory_order_relaxed);
+    s.reused_after_gp += cache.reused.load(std::memory_order_relaxed);
+    s.fresh += cache.fresh.load(std::memory_order_relaxed);
+    s.ready += cache.ready_gauge.load(std::memory_order_relaxed);
+    s.waiting_for_gp += cache.waiting_gauge.load(std::memory_order_relaxed);
+  }
+  s.allocated += core.unheld_allocations.load(std::memory_order_relaxed);
+  s.fresh += core.unheld_allocations.load(std::memory_order_relaxed);
+  s.deallocated += core.unheld_deallocations.load(std::memory_order_relaxed);
+  s.returned_to_system = core.returned.load(std::memory_order_relaxed);
+  s.held_bytes = core.held_bytes.load(std::memory_order_relaxed);
+  s.peak_held_bytes = core.peak_held_bytes.load(std::memory_order_relaxed);
+  s.chunks = core.chunks.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace grace
