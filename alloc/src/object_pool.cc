@@ -61,6 +61,7 @@ struct pool_core {
   std::atomic<chunk_record*> free_records{nullptr};  // push-chain / take-all: no ABA
   std::atomic<bool> trim_scheduled{false};
   std::atomic<bool> destroying{false};
+  std::atomic<bool> forget_allocated{false};
   // Relaxed: the trim pass compares it between passes to tell whether the depot is in use.
   std::atomic<std::uint64_t> depot_takes{0};
   // Owned by the trim pass (one at a time: trim_scheduled).
@@ -540,7 +541,8 @@ object_pool::~object_pool() {
       outstanding += c->capacity - c->released.load(std::memory_order_relaxed);
     }
   }
-  if (outstanding != 0) {
+  // Relaxed: set by the owner before destruction began.
+  if (outstanding != 0 && !core.forget_allocated.load(std::memory_order_relaxed)) {
 #ifndef NDEBUG
     std::fprintf(stderr,
                  "grace::object_pool destroyed with %llu object(s) of %zu bytes still "
@@ -732,6 +734,15 @@ void object_pool::deallocate_bulk(void* const* objects, std::size_t count) noexc
     detail::bump(cache.deallocated, added);
     release_hold(cache);
   }
+}
+
+object_pool& object_pool::owner_of(void* object) noexcept {
+  return detail::pool_core::chunk_of(object)->core->pool;
+}
+
+void object_pool::forget_allocated() noexcept {
+  // Relaxed: read by the destructor on the same thread (or after the owner's hand-off).
+  core_->forget_allocated.store(true, std::memory_order_relaxed);
 }
 
 pool_stats object_pool::stats() const noexcept {

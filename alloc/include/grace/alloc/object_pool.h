@@ -102,6 +102,13 @@ class object_pool {
   void allocate_bulk(void** objects, std::size_t count);
   void deallocate_bulk(void* const* objects, std::size_t count) noexcept;
 
+  // The pool whose allocate() returned `object`.
+  static object_pool& owner_of(void* object) noexcept;
+  // Objects still allocated when the pool is destroyed are released with it, without the
+  // usage-error check. For an owner that tears down everything it allocated at once (a
+  // container's destructor), when no reader can see any of the objects any more.
+  void forget_allocated() noexcept;
+
   pool_stats stats() const noexcept;
   std::size_t object_size() const noexcept { return object_size_; }
   domain& reclamation_domain() const noexcept { return domain_; }

@@ -1,0 +1,187 @@
+// Internal. Do not include directly.
+//
+// The lock-free core of grace::hash_map: one split-ordered list (Shalev & Shavit, JACM 2006)
+// of every element, sorted by the bit-reversed hash, with one dummy node per bucket marking
+// where that bucket's elements begin. Deletion follows Michael (SPAA 2002): a node is
+// deleted by setting the mark bit of its own `next`, then unlinked by a CAS on its
+// predecessor's `next`.
+//
+// Buckets live in levels that are never copied or moved: level 0 holds bucket 0 and level L
+// (L >= 1) holds buckets [2^(L-1), 2^L). The dummies are the level arrays' entries, so a
+// lookup goes hash -> level array entry (the dummy) -> first element, with no bucket-pointer
+// array in between. Growing inserts the next level's dummies into the list and publishes the
+// larger size; no element moves. Shrinking publishes the smaller size, waits one grace
+// period (no operation starts from the top level's dummies any more), unlinks those dummies,
+// and frees the level after another grace period.
+//
+//   size 4:  d0 -> e(0x..0) -> d2 -> e(..10) -> d1 -> e(..01) -> e(..01) -> d3 -> e(..11)
+//            so_key order: reverse(bucket) for dummies, reverse(hash | 2^63) for elements
+//
+// Invariants:
+//   (L1) The list is sorted by so_key (ties only between elements with equal hashes). A
+//        dummy's so_key is even, an element's odd; all so_keys of dummies are distinct.
+//   (L2) A node whose `next` is marked is logically deleted; its `next` never changes again.
+//        Only an unmarked node's `next` is ever CASed.
+//   (L3) A node is unlinked by exactly one successful CAS on its live predecessor's `next`;
+//        that CAS's thread reclaims it (elements only: dummies belong to their level).
+//   (L4) An element is replaced by marking it with the new element as its successor: the
+//        new element carries the same key and so_key, so every traversal that passes the old
+//        one (it skips marked nodes) reaches the new one. A node's key, so_key and value never
+//        change while it is reachable.
+//   (L5) Every bucket below 2^size_log2 has its dummy linked; buckets of levels above it are
+//        never a starting point for an operation that began after the size was published.
+//   (L6) A node is reclaimed (returned to the pool, reused after a grace period) only after
+//        it was unlinked, and every operation runs inside a read section: no operation can
+//        hold a node that is reused under it, so no CAS suffers ABA.
+//
+// Ordering guarantees:
+//   (M1) Release CAS of a predecessor's `next` (insert, replace, unlink) publishes the new
+//        node's fields; pairs with the Acquire loads of `next` in every traversal (M2).
+//   (M2) Acquire load of a `next`.
+//   (M3) Release store of size_log2 publishes the linked dummies of a new level and the
+//        level pointer; pairs with the Acquire load in bucket_of() (M4).
+//   (M4) Acquire load of size_log2.
+//
+// Progress guarantees: lookups are wait-free in the absence of unbounded insertion before
+// them in the same bucket, never block, never help, and write no shared memory. Updates are
+// lock-free: a CAS fails only because another operation succeeded. A resize is serialized
+// with other resizes (one at a time, by try-lock: a second resizer skips, never waits) and
+// never with readers or updaters.
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "grace/reclaim/detail/cpu.h"
+#include "grace/reclaim/domain.h"
+
+namespace grace::detail {
+
+inline constexpr std::uintptr_t kMarked = 1;
+// Level 0 plus levels 1..48: up to 2^48 buckets.
+inline constexpr unsigned kMaxLevels = 49;
+
+struct list_node {
+  std::atomic<std::uintptr_t> next{0};  // successor | kMarked
+  std::uint64_t so_key = 0;             // (L1) split-order key
+};
+
+inline list_node* node_of(std::uintptr_t link) noexcept {
+  return reinterpret_cast<list_node*>(link & ~kMarked);
+}
+inline bool is_marked(std::uintptr_t link) noexcept { return (link & kMarked) != 0; }
+inline std::uintptr_t link_to(const list_node* node) noexcept {
+  return reinterpret_cast<std::uintptr_t>(node);
+}
+inline bool is_dummy(const list_node* node) noexcept { return (node->so_key & 1) == 0; }
+
+inline std::uint64_t reverse_bits(std::uint64_t x) noexcept {
+  x = ((x >> 1) & 0x5555555555555555ull) | ((x & 0x5555555555555555ull) << 1);
+  x = ((x >> 2) & 0x3333333333333333ull) | ((x & 0x3333333333333333ull) << 2);
+  x = ((x >> 4) & 0x0F0F0F0F0F0F0F0Full) | ((x & 0x0F0F0F0F0F0F0F0Full) << 4);
+  return __builtin_bswap64(x);
+}
+inline std::uint64_t element_so_key(std::uint64_t hash) noexcept {
+  return reverse_bits(hash | (std::uint64_t{1} << 63));
+}
+inline std::uint64_t dummy_so_key(std::uint64_t bucket) noexcept { return reverse_bits(bucket); }
+
+// Type erasure for the out-of-line paths (abseil's PolicyFunctions): how to reclaim an
+// element this core unlinked while helping.
+struct element_ops {
+  void (*reclaim)(void* map, list_node* element) noexcept;
+  void* map;
+};
+
+struct hash_map_config {
+  std::size_t initial_buckets;
+  std::size_t min_buckets;
+  std::size_t max_buckets;
+  double grow_load_factor;
+  double shrink_load_factor;
+};
+
+class split_list {
+ public:
+  // Throws std::bad_alloc; the levels for config.initial_buckets are built at once.
+  split_list(const hash_map_config& config, domain& reclamation, element_ops ops);
+  // Frees the levels. Requires: no operation in flight; the owner has released elements.
+  ~split_list();
+
+  split_list(const split_list&) = delete;
+  split_list& operator=(const split_list&) = delete;
+
+  // The dummy of the bucket that `hash` falls in at the current size.
+  list_node* bucket_of(std::uint64_t hash) const noexcept {
+    // Acquire (M4): the dummies of every bucket below the size are linked; pairs with (M3).
+    const unsigned size_log2 = size_log2_.load(std::memory_order_acquire);
+    const std::uint64_t bucket = hash & ((std::uint64_t{1} << size_log2) - 1);
+    return dummy(bucket);
+  }
+  list_node* head() const noexcept { return dummy(0); }
+
+  // Element count bookkeeping. Relaxed: a per-CPU counter, summed on read (size()).
+  void count(std::int64_t delta, std::uint64_t hash) noexcept {
+    counters_[current_cpu() & counter_mask_].value.fetch_add(delta, std::memory_order_relaxed);
+    // Look at the load factor on a hash-chosen sample of updates: small tables always.
+    const unsigned size_log2 = size_log2_.load(std::memory_order_relaxed);
+    const std::uint64_t sample_mask = size_log2 > 8 ? 63 : 0;
+    if ((hash & sample_mask) == 0) [[unlikely]] consider_resize_slow();
+  }
+  std::size_t size() const noexcept;
+  std::size_t bucket_count() const noexcept {
+    return std::size_t{1} << size_log2_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t grows() const noexcept { return grows_.load(std::memory_order_relaxed); }
+  std::uint64_t shrinks() const noexcept { return shrinks_.load(std::memory_order_relaxed); }
+
+  // Grows until `elements` fit under the grow load factor (bounded by max_buckets).
+  void reserve(std::size_t elements);
+  // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks only outside a
+  // read section (it waits for grace periods), otherwise leaves it for a later update.
+  [[gnu::cold, gnu::noinline]] void consider_resize_slow() noexcept;
+
+  // Unlinks `node` (already marked) from the list if still linked, helping along the way;
+  // used by updaters whose own unlink CAS failed. Type-erased: reclaims through element_ops.
+  [[gnu::cold, gnu::noinline]] void unlink_slow(list_node* start, list_node* node) noexcept;
+
+  // Calls the owner's reclaim for an element this thread unlinked (L3).
+  void reclaim(list_node* element) const noexcept { ops_.reclaim(ops_.map, element); }
+
+  domain& reclamation() const noexcept { return domain_; }
+
+ private:
+  struct alignas(64) counter {
+    std::atomic<std::int64_t> value{0};
+  };
+
+  list_node* dummy(std::uint64_t bucket) const noexcept {
+    const unsigned level = static_cast<unsigned>(std::bit_width(bucket));
+    const std::uint64_t first = level == 0 ? 0 : std::uint64_t{1} << (level - 1);
+    // Relaxed: ordered by the Acquire load of size_log2 (M4) that bounded `bucket`.
+    return levels_[level].load(std::memory_order_relaxed) + (bucket - first);
+  }
+  bool grow_to(unsigned size_log2) noexcept;
+  void shrink_to(unsigned size_log2) noexcept;
+  void link_dummy(list_node* start, list_node* dummy) noexcept;
+  list_node* allocate_level(unsigned level) noexcept;
+  void free_level(list_node* level_array, unsigned level) noexcept;
+
+  hash_map_config config_;
+  domain& domain_;
+  element_ops ops_;
+  unsigned min_log2_;
+  unsigned max_log2_;
+  std::atomic<unsigned> size_log2_{0};
+  std::atomic<list_node*> levels_[kMaxLevels]{};
+  std::atomic<bool> resizing_{false};
+  std::atomic<std::uint64_t> grows_{0};
+  std::atomic<std::uint64_t> shrinks_{0};
+  std::unique_ptr<counter[]> counters_;
+  unsigned counter_mask_;
+};
+
+}  // namespace grace::detail

@@ -1,0 +1,532 @@
+// grace::hash_map: a lock-free hash map with grace-period memory reclamation built in.
+//
+// A drop-in for a mutex around std::unordered_map, for maps shared between threads:
+//
+//   grace::hash_map<std::uint64_t, session> sessions;
+//   sessions.insert_or_assign(id, session{...});      // lock-free
+//   if (auto s = sessions.find(id)) use(*s);          // wait-free, writes no shared memory
+//   sessions.visit(id, [](const session& s) { ... }); // no copy, under a read guard
+//   auto view = sessions.pin();                       // zero-copy reads while `view` lives
+//   const session* s = view.find(id);
+//
+// How it differs from std::unordered_map:
+//   - Every member is safe to call from any number of threads at once.
+//   - A value is never modified in place: assign/update/insert_or_assign publish a new
+//     element and retire the old one, so a reader holding a pointer (visit, pin) keeps
+//     seeing a complete, unchanging value until it leaves its read section.
+//   - No iterators: for_each() visits every element present for the whole iteration
+//     exactly once, even across concurrent resizes.
+//   - size() is exact only when no update is in flight.
+//
+// Elements come from a grace::object_pool and go back to it when erased or replaced; the
+// pool hands them out again only after a grace period. The table grows and shrinks on its
+// own (load factors with hysteresis, bounded by min/max buckets); growing never moves an
+// element, shrinking waits for grace periods and runs only outside read sections.
+//
+// Algorithm and proofs: map/README.md; invariants and ordering: detail/split_list.h.
+#pragma once
+
+#include <absl/hash/hash.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "grace/alloc/object_pool.h"
+#include "grace/map/detail/split_list.h"
+#include "grace/map/fwd.h"
+#include "grace/reclaim/domain.h"
+
+namespace grace {
+
+struct hash_map_options {
+  // Buckets at construction; rounded up to a power of two, clamped to [min, max].
+  std::size_t initial_buckets = 64;
+  std::size_t min_buckets = 64;
+  std::size_t max_buckets = std::size_t{1} << 30;
+  // Elements per bucket above which the table grows, and below which it shrinks. Growing
+  // aims at this load factor; shrinking at half of it (hysteresis).
+  double grow_load_factor = 1.0;
+  double shrink_load_factor = 0.125;
+  // The domain whose grace periods protect readers; nullptr means domain::global().
+  domain* reclamation = nullptr;
+  // The element pool's tuning (watermarks, caller-driven grace periods, allocator).
+  pool_options pool{};
+};
+
+// Approximate snapshot; fields are not mutually consistent.
+struct hash_map_stats {
+  std::uint64_t size = 0;
+  std::uint64_t buckets = 0;
+  std::uint64_t grows = 0;
+  std::uint64_t shrinks = 0;
+  pool_stats pool;
+  domain_stats reclamation;
+};
+
+namespace detail {
+hash_map_config validate_hash_map_options(const hash_map_options& options);
+}  // namespace detail
+
+template <class Key, class Value, class Hash, class KeyEqual>
+class hash_map {
+  struct node : detail::list_node {
+    Key key;
+    Value value;
+
+    template <class K, class... Args>
+    node(std::uint64_t split_key, K&& k, Args&&... args)
+        : key(std::forward<K>(k)), value(std::forward<Args>(args)...) {
+      so_key = split_key;
+    }
+  };
+  static constexpr bool kTrivialNode =
+      std::is_trivially_destructible_v<Key> && std::is_trivially_destructible_v<Value>;
+
+ public:
+  using key_type = Key;
+  using mapped_type = Value;
+  using hasher = Hash;
+  using key_equal = KeyEqual;
+
+  // Throws std::invalid_argument naming a bad option, std::bad_alloc.
+  explicit hash_map(hash_map_options options = {}, const Hash& hash = Hash(),
+                    const KeyEqual& equal = KeyEqual())
+      : config_(detail::validate_hash_map_options(options)),
+        domain_(options.reclamation != nullptr ? *options.reclamation : domain::global()),
+        pool_(sizeof(node), with_node_alignment(options.pool), domain_),
+        hash_(hash),
+        equal_(equal),
+        list_(config_, domain_, detail::element_ops{&reclaim_element, this}) {}
+
+  // Releases every element in bulk and waits for grace periods once (the pool's barrier).
+  // Requires: no other thread uses the map, and the caller holds no read_guard.
+  ~hash_map() { release_all(/*destroying=*/true); }
+
+  hash_map(const hash_map&) = delete;
+  hash_map& operator=(const hash_map&) = delete;
+
+  // --- reads: wait-free, no shared writes -------------------------------------------------
+
+  std::optional<Value> find(const Key& key) const {
+    auto guard = pin_reader();
+    const node* n = lookup(key);
+    if (n == nullptr) return std::nullopt;
+    return n->value;
+  }
+  bool contains(const Key& key) const {
+    auto guard = pin_reader();
+    return lookup(key) != nullptr;
+  }
+  // Calls f(const Value&) inside a read section, without copying; false if absent.
+  template <class F>
+  bool visit(const Key& key, F&& f) const {
+    auto guard = pin_reader();
+    const node* n = lookup(key);
+    if (n == nullptr) return false;
+    std::forward<F>(f)(n->value);
+    return true;
+  }
+
+  // Zero-copy reads: pointers from find() stay valid while the view lives (it holds a
+  // read_guard: keep it short, and never call synchronize() or barrier() meanwhile).
+  class pinned_view {
+   public:
+    const Value* find(const Key& key) const {
+      const node* n = map_.lookup(key);
+      return n == nullptr ? nullptr : &n->value;
+    }
+    bool contains(const Key& key) const { return map_.lookup(key) != nullptr; }
+
+   private:
+    friend class hash_map;
+    explicit pinned_view(const hash_map& map) noexcept : map_(map) {}
+    read_guard guard_;
+    const hash_map& map_;
+  };
+  [[nodiscard]] pinned_view pin() const noexcept { return pinned_view(*this); }
+
+  // --- updates: lock-free -------------------------------------------------------------------
+
+  // Inserts if absent (BPF_NOEXIST). The value is built only when the key is absent at the
+  // time of the check; a racing insert of the same key makes it go back to the pool unused.
+  bool insert(const Key& key, Value value) { return try_emplace(key, std::move(value)); }
+  template <class... Args>
+  bool try_emplace(const Key& key, Args&&... args) {
+    const std::uint64_t hash = hash_(key);
+    bool inserted;
+    {
+      auto guard = pin_reader();
+      detail::list_node* start = list_.bucket_of(hash);
+      if (lookup_from(start, key, detail::element_so_key(hash)) != nullptr) return false;
+      node* fresh = make_node(hash, key, std::forward<Args>(args)...);
+      inserted = link_new(start, fresh, key);
+      if (!inserted) discard(fresh);
+    }
+    if (inserted) list_.count(+1, hash);
+    return inserted;
+  }
+
+  // Inserts or replaces (BPF_ANY); true if inserted.
+  bool insert_or_assign(const Key& key, Value value) {
+    const std::uint64_t hash = hash_(key);
+    bool inserted;
+    {
+      auto guard = pin_reader();
+      node* fresh = make_node(hash, key, std::move(value));
+      inserted = upsert(list_.bucket_of(hash), fresh, key, /*may_insert=*/true) ==
+                 upsert_result::inserted;
+    }
+    if (inserted) list_.count(+1, hash);
+    return inserted;
+  }
+
+  // Replaces if present (BPF_EXIST); false if absent.
+  bool assign(const Key& key, Value value) {
+    const std::uint64_t hash = hash_(key);
+    auto guard = pin_reader();
+    detail::list_node* start = list_.bucket_of(hash);
+    if (lookup_from(start, key, detail::element_so_key(hash)) == nullptr) return false;
+    node* fresh = make_node(hash, key, std::move(value));
+    return upsert(start, fresh, key, /*may_insert=*/false) == upsert_result::replaced;
+  }
+
+  // Atomically replaces the value with f(old); f may run again if another update wins the
+  // race, and must not call back into the map. False if absent.
+  template <class F>
+  bool update(const Key& key, F&& f) {
+    const std::uint64_t hash = hash_(key);
+    const std::uint64_t so_key = detail::element_so_key(hash);
+    auto guard = pin_reader();
+    detail::list_node* start = list_.bucket_of(hash);
+    for (;;) {
+      position at = search(start, key, so_key);
+      if (at.found == nullptr) return false;
+      node* fresh = make_node(hash, key, f(static_cast<const Value&>(at.found->value)));
+      if (replace(start, at, fresh)) return true;
+      discard(fresh);
+    }
+  }
+
+  bool erase(const Key& key) {
+    return erase_if(key, [](const Value&) { return true; });
+  }
+  // Erases if pred(value) holds for the current value; false if absent or pred says no.
+  template <class Pred>
+  bool erase_if(const Key& key, Pred&& pred) {
+    const std::uint64_t hash = hash_(key);
+    const std::uint64_t so_key = detail::element_so_key(hash);
+    bool erased = false;
+    {
+      auto guard = pin_reader();
+      detail::list_node* start = list_.bucket_of(hash);
+      for (;;) {
+        position at = search(start, key, so_key);
+        if (at.found == nullptr || !pred(static_cast<const Value&>(at.found->value))) break;
+        if (remove(start, at)) {
+          erased = true;
+          break;
+        }
+      }
+    }
+    if (erased) list_.count(-1, hash);
+    return erased;
+  }
+
+  // --- whole map ------------------------------------------------------------------------------
+
+  // Exact when no update is in flight.
+  std::size_t size() const noexcept { return list_.size(); }
+  bool empty() const noexcept { return size() == 0; }
+  // Grows the table so `n` elements fit under the grow load factor.
+  void reserve(std::size_t n) { list_.reserve(n); }
+
+  // Erases every element. Concurrent updates may leave elements inserted meanwhile. Outside
+  // a read section it then waits once (domain::barrier()) so that erased elements with
+  // non-trivial destructors have been destroyed when it returns.
+  void clear() { release_all(/*destroying=*/false); }
+
+  // Calls f(const Key&, const Value&) for every element, in no particular order, inside one
+  // read section: every element present for the whole call is visited exactly once, even
+  // across concurrent resizes; elements inserted or erased meanwhile may or may not be.
+  template <class F>
+  void for_each(F&& f) const {
+    auto guard = pin_reader();
+    const node* last = nullptr;
+    // Acquire (M2): pairs with (M1).
+    std::uintptr_t link = list_.head()->next.load(std::memory_order_acquire);
+    while (const detail::list_node* cur = detail::node_of(link)) {
+      // Acquire (M2): as above.
+      link = cur->next.load(std::memory_order_acquire);
+      if (detail::is_dummy(cur) || detail::is_marked(link)) continue;
+      const node* element = static_cast<const node*>(cur);
+      // (L4): a replacement sits right after the element it replaced: visit the key once.
+      if (last != nullptr && last->so_key == element->so_key && equal_(last->key, element->key)) {
+        continue;
+      }
+      f(static_cast<const Key&>(element->key), static_cast<const Value&>(element->value));
+      last = element;
+    }
+  }
+
+  hash_map_stats stats() const noexcept {
+    hash_map_stats s;
+    s.size = size();
+    s.buckets = list_.bucket_count();
+    s.grows = list_.grows();
+    s.shrinks = list_.shrinks();
+    s.pool = pool_.stats();
+    s.reclamation = domain_.stats();
+    return s;
+  }
+
+  domain& reclamation_domain() const noexcept { return domain_; }
+
+ private:
+  struct position {
+    detail::list_node* pred;
+    detail::list_node* cur;  // first node at or past the key's place
+    node* found;             // the live element with the key, or nullptr
+  };
+
+  static pool_options with_node_alignment(pool_options options) {
+    if (options.alignment == 0) options.alignment = alignof(node);
+    return options;
+  }
+
+  static read_guard pin_reader() noexcept { return read_guard(); }
+
+  template <class... Args>
+  node* make_node(std::uint64_t hash, const Key& key, Args&&... args) {
+    void* memory = pool_.allocate();
+    try {
+      return new (memory) node(detail::element_so_key(hash), key, std::forward<Args>(args)...);
+    } catch (...) {
+      pool_.deallocate(memory);
+      throw;
+    }
+  }
+  // A node that was never published.
+  void discard(node* n) noexcept {
+    n->~node();
+    pool_.deallocate(n);
+  }
+
+  // (L3): an unlinked element goes back to the pool; the pool reuses it only after a grace
+  // period. With a non-trivial destructor, the destructor itself waits for one (retire).
+  static void reclaim_element(void* map, detail::list_node* element) noexcept {
+    auto* self = static_cast<hash_map*>(map);
+    auto* n = static_cast<node*>(element);
+    if constexpr (kTrivialNode) {
+      self->pool_.deallocate(n);
+    } else {
+      self->domain_.retire(n, &destroy_and_deallocate, sizeof(node));
+    }
+  }
+  static void destroy_and_deallocate(void* element) noexcept {
+    auto* n = static_cast<node*>(element);
+    n->~node();
+    object_pool::owner_of(n).deallocate(n);
+  }
+
+  // The reader's walk (M2): skips dummies and marked nodes, never writes.
+  const node* lookup(const Key& key) const {
+    const std::uint64_t hash = hash_(key);
+    return lookup_from(list_.bucket_of(hash), key, detail::element_so_key(hash));
+  }
+  const node* lookup_from(const detail::list_node* start, const Key& key,
+                          std::uint64_t so_key) const {
+    // Acquire (M2): pairs with (M1).
+    const detail::list_node* cur = detail::node_of(start->next.load(std::memory_order_acquire));
+    while (cur != nullptr) {
+      const std::uint64_t cur_key = cur->so_key;
+      if (cur_key > so_key) return nullptr;  // (L1): sorted
+      // Acquire (M2): as above.
+      const std::uintptr_t next = cur->next.load(std::memory_order_acquire);
+      if (cur_key == so_key && !detail::is_marked(next) &&
+          equal_(static_cast<const node*>(cur)->key, key)) {
+        return static_cast<const node*>(cur);
+      }
+      cur = detail::node_of(next);
+    }
+    return nullptr;
+  }
+
+  // Michael's search: like lookup, but unlinks marked nodes on the way (L3) and reports the
+  // predecessor, so the caller can CAS.
+  position search(detail::list_node* start, const Key& key, std::uint64_t so_key) {
+  retry:
+    detail::list_node* pred = start;
+    // Acquire (M2): pairs with (M1).
+    detail::list_node* cur = detail::node_of(pred->next.load(std::memory_order_acquire));
+    for (;;) {
+      if (cur == nullptr) return {pred, nullptr, nullptr};
+      // Acquire (M2): as above.
+      const std::uintptr_t next = cur->next.load(std::memory_order_acquire);
+      if (detail::is_marked(next)) {
+        std::uintptr_t expected = detail::link_to(cur);
+        // Release (M1): readers through pred see the successor's fields; pairs with (M2).
+        if (!pred->next.compare_exchange_strong(expected, next & ~detail::kMarked,
+                                                std::memory_order_release,
+                                                std::memory_order_relaxed)) {
+          goto retry;
+        }
+        if (!detail::is_dummy(cur)) list_.reclaim(cur);
+        cur = detail::node_of(next);
+        continue;
+      }
+      if (cur->so_key > so_key) return {pred, cur, nullptr};
+      if (cur->so_key == so_key && equal_(static_cast<node*>(cur)->key, key)) {
+        return {pred, cur, static_cast<node*>(cur)};
+      }
+      pred = cur;
+      cur = detail::node_of(next);
+    }
+  }
+
+  // Links `fresh` where its key belongs unless a live element has the key.
+  bool link_new(detail::list_node* start, node* fresh, const Key& key) {
+    for (;;) {
+      position at = search(start, key, fresh->so_key);
+      if (at.found != nullptr) return false;
+      // Relaxed: published by the Release CAS below.
+      fresh->next.store(detail::link_to(at.cur), std::memory_order_relaxed);
+      std::uintptr_t expected = detail::link_to(at.cur);
+      // Release (M1): the element's fields are visible before it is reachable.
+      if (at.pred->next.compare_exchange_strong(expected, detail::link_to(fresh),
+                                                std::memory_order_release,
+                                                std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+  }
+
+  // Replaces the found element with `fresh` (L4): one CAS marks the old element and makes
+  // `fresh` its successor; that CAS is the linearization point. False if it lost a race.
+  bool replace(detail::list_node* start, const position& at, node* fresh) {
+    node* old = at.found;
+    // Acquire (M2): pairs with (M1).
+    std::uintptr_t next = old->next.load(std::memory_order_acquire);
+    if (detail::is_marked(next)) return false;
+    // Relaxed: published by the Release CAS below.
+    fresh->next.store(next, std::memory_order_relaxed);
+    // Release (M1): fresh's fields are visible to every traversal that passes `old`.
+    if (!old->next.compare_exchange_strong(next, detail::link_to(fresh) | detail::kMarked,
+                                           std::memory_order_release,
+                                           std::memory_order_relaxed)) {
+      return false;
+    }
+    unlink(start, at.pred, old, fresh);
+    return true;
+  }
+
+  // Deletes the found element: marks it (the linearization point), then unlinks it.
+  bool remove(detail::list_node* start, const position& at) {
+    node* old = at.found;
+    // Acquire (M2): pairs with (M1).
+    std::uintptr_t next = old->next.load(std::memory_order_acquire);
+    while (!detail::is_marked(next)) {
+      // Release (M1)/(L2): the mark freezes old's successor; pairs with (M2).
+      if (old->next.compare_exchange_weak(next, next | detail::kMarked,
+                                          std::memory_order_release,
+                                          std::memory_order_acquire)) {
+        unlink(start, at.pred, old, detail::node_of(next));
+        return true;
+      }
+    }
+    return false;  // another update deleted or replaced it first
+  }
+
+  void unlink(detail::list_node* start, detail::list_node* pred, node* old,
+              detail::list_node* successor) noexcept {
+    std::uintptr_t expected = detail::link_to(old);
+    // Release (M1): readers through pred see the successor; pairs with (M2).
+    if (pred->next.compare_exchange_strong(expected, detail::link_to(successor),
+                                           std::memory_order_release,
+                                           std::memory_order_relaxed)) {
+      list_.reclaim(old);  // (L3)
+    } else {
+      list_.unlink_slow(start, old);  // pred changed: make sure someone unlinks old
+    }
+  }
+
+  enum class upsert_result { inserted, replaced, absent };
+
+  // Replaces the live element with fresh's key, or inserts `fresh` if `may_insert`.
+  upsert_result upsert(detail::list_node* start, node* fresh, const Key& key, bool may_insert) {
+    for (;;) {
+      position at = search(start, key, fresh->so_key);
+      if (at.found != nullptr) {
+        if (replace(start, at, fresh)) return upsert_result::replaced;
+        continue;
+      }
+      if (!may_insert) {
+        discard(fresh);
+        return upsert_result::absent;
+      }
+      // Relaxed: published by the Release CAS below.
+      fresh->next.store(detail::link_to(at.cur), std::memory_order_relaxed);
+      std::uintptr_t expected = detail::link_to(at.cur);
+      // Release (M1): as in link_new().
+      if (at.pred->next.compare_exchange_strong(expected, detail::link_to(fresh),
+                                                std::memory_order_release,
+                                                std::memory_order_relaxed)) {
+        return upsert_result::inserted;
+      }
+    }
+  }
+
+  // clear() and the destructor.
+  void release_all(bool destroying) {
+    if (destroying && kTrivialNode) {
+      // Nobody can see an element any more: the pool releases them wholesale with its
+      // chunks instead of walking a list of cache misses.
+      pool_.forget_allocated();
+      return;
+    }
+    std::int64_t erased = 0;
+    {
+      auto guard = pin_reader();
+      // Acquire (M2): pairs with (M1).
+      std::uintptr_t link = list_.head()->next.load(std::memory_order_acquire);
+      while (detail::list_node* cur = detail::node_of(link)) {
+        link = cur->next.load(std::memory_order_acquire);  // Acquire (M2): as above.
+        if (detail::is_dummy(cur) || detail::is_marked(link)) continue;
+        node* element = static_cast<node*>(cur);
+        if (destroying) {
+          element->~node();
+          pool_.deallocate(element);
+        } else if (erase_element(element)) {
+          ++erased;
+        }
+      }
+    }
+    if (erased != 0) list_.count(-erased, 0);
+    if (!destroying && !in_read_section()) domain_.barrier();
+  }
+
+  // clear(): erases one element found by a walk.
+  bool erase_element(node* element) {
+    detail::list_node* start = list_.bucket_of(hash_(element->key));
+    for (;;) {
+      position at = search(start, element->key, element->so_key);
+      if (at.found != element) return false;  // erased or replaced meanwhile
+      if (remove(start, at)) return true;
+    }
+  }
+
+  detail::hash_map_config config_;
+  domain& domain_;
+  object_pool pool_;
+  [[no_unique_address]] Hash hash_;
+  [[no_unique_address]] KeyEqual equal_;
+  detail::split_list list_;
+};
+
+}  // namespace grace

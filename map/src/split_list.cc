@@ -1,0 +1,222 @@
+// The out-of-line paths of the split-ordered list: construction, resize, helping unlinks.
+#include "grace/map/detail/split_list.h"
+
+#include <algorithm>
+#include <cmath>
+#include <new>
+#include <thread>
+
+namespace grace::detail {
+namespace {
+
+unsigned log2_ceil(std::size_t n) noexcept {
+  return static_cast<unsigned>(std::bit_width(std::max<std::size_t>(n, 1) - 1));
+}
+
+struct position {
+  list_node* pred;
+  list_node* cur;
+};
+
+// Michael's search from `start` (a linked, unmarked dummy (L5)): returns the first unmarked
+// node whose so_key is >= so_key (or > so_key when `past_equal`) and its predecessor,
+// unlinking every marked node on the way (L3).
+position locate(const split_list& list, list_node* start, std::uint64_t so_key,
+                bool past_equal) noexcept {
+retry:
+  list_node* pred = start;
+  // Acquire (M2): pairs with the Release CAS (M1) that linked the node.
+  list_node* cur = node_of(pred->next.load(std::memory_order_acquire));
+  for (;;) {
+    if (cur == nullptr) return {pred, nullptr};
+    // Acquire (M2): as above.
+    const std::uintptr_t next = cur->next.load(std::memory_order_acquire);
+    if (is_marked(next)) {
+      std::uintptr_t expected = link_to(cur);
+      // Release (M1): the successor stays visible to readers through pred; pairs with (M2).
+      if (!pred->next.compare_exchange_strong(expected, next & ~kMarked,
+                                              std::memory_order_release,
+                                              std::memory_order_relaxed)) {
+        goto retry;  // pred was deleted or changed under us
+      }
+      if (!is_dummy(cur)) list.reclaim(cur);  // (L3): this CAS unlinked it
+      cur = node_of(next);
+      continue;
+    }
+    if (cur->so_key > so_key || (!past_equal && cur->so_key == so_key)) return {pred, cur};
+    pred = cur;
+    cur = node_of(next);
+  }
+}
+
+}  // namespace
+
+split_list::split_list(const hash_map_config& config, domain& reclamation, element_ops ops)
+    : config_(config),
+      domain_(reclamation),
+      ops_(ops),
+      min_log2_(log2_ceil(config.min_buckets)),
+      max_log2_(log2_ceil(config.max_buckets)),
+      counters_(std::make_unique<counter[]>(cpu_shard_count())),
+      counter_mask_(cpu_shard_count() - 1) {
+  list_node* level0 = allocate_level(0);
+  if (level0 == nullptr) throw std::bad_alloc();
+  level0->so_key = dummy_so_key(0);
+  // Relaxed: the map is not shared yet; publishing it to other threads orders this.
+  levels_[0].store(level0, std::memory_order_relaxed);
+  const unsigned initial =
+      std::clamp(log2_ceil(config.initial_buckets), min_log2_, max_log2_);
+  if (!grow_to(initial)) {
+    for (unsigned level = initial; level > 0; --level) {
+      if (list_node* array = levels_[level].load(std::memory_order_relaxed)) {
+        free_level(array, level);
+      }
+    }
+    free_level(level0, 0);
+    throw std::bad_alloc();
+  }
+  // Relaxed: construction does not count as a resize.
+  grows_.store(0, std::memory_order_relaxed);
+}
+
+split_list::~split_list() {
+  for (unsigned level = 0; level < kMaxLevels; ++level) {
+    // Relaxed: no operation is in flight (precondition).
+    if (list_node* array = levels_[level].load(std::memory_order_relaxed)) {
+      free_level(array, level);
+    }
+  }
+}
+
+list_node* split_list::allocate_level(unsigned level) noexcept {
+  const std::size_t count = level == 0 ? 1 : std::size_t{1} << (level - 1);
+  void* memory = ::operator new(count * sizeof(list_node), std::align_val_t{64}, std::nothrow);
+  if (memory == nullptr) return nullptr;
+  auto* array = static_cast<list_node*>(memory);
+  for (std::size_t i = 0; i < count; ++i) new (&array[i]) list_node();
+  return array;
+}
+
+void split_list::free_level(list_node* array, unsigned level) noexcept {
+  const std::size_t count = level == 0 ? 1 : std::size_t{1} << (level - 1);
+  for (std::size_t i = 0; i < count; ++i) array[i].~list_node();
+  ::operator delete(array, std::align_val_t{64});
+}
+
+std::size_t split_list::size() const noexcept {
+  std::int64_t total = 0;
+  // Relaxed: exact only when no update is in flight (documented).
+  for (unsigned i = 0; i <= counter_mask_; ++i) {
+    total += counters_[i].value.load(std::memory_order_relaxed);
+  }
+  return total > 0 ? static_cast<std::size_t>(total) : 0;
+}
+
+void split_list::link_dummy(list_node* start, list_node* dummy) noexcept {
+  for (;;) {
+    const position at = locate(*this, start, dummy->so_key, /*past_equal=*/false);
+    // Relaxed: published by the Release CAS below.
+    dummy->next.store(link_to(at.cur), std::memory_order_relaxed);
+    std::uintptr_t expected = link_to(at.cur);
+    // Release (M1): the dummy's so_key and next are visible before it is reachable.
+    if (at.pred->next.compare_exchange_strong(expected, link_to(dummy),
+                                              std::memory_order_release,
+                                              std::memory_order_relaxed)) {
+      return;
+    }
+  }
+}
+
+bool split_list::grow_to(unsigned target) noexcept {
+  // Relaxed: only resizers (serialized by resizing_, or the constructor) store it.
+  unsigned current = size_log2_.load(std::memory_order_relaxed);
+  while (current < target) {
+    const unsigned level = current + 1;
+    list_node* array = allocate_level(level);
+    if (array == nullptr) return false;  // stay at the current size; lookups still work
+    const std::uint64_t first = std::uint64_t{1} << current;
+    for (std::uint64_t i = 0; i < first; ++i) array[i].so_key = dummy_so_key(first + i);
+    // Relaxed: published with the size below (M3).
+    levels_[level].store(array, std::memory_order_relaxed);
+    // Each new bucket's dummy goes in after its parent's (the same bucket without its top
+    // bit), whose elements it splits off (L1).
+    for (std::uint64_t i = 0; i < first; ++i) link_dummy(dummy(i), &array[i]);
+    // Release (M3): every new dummy is linked before any operation can start from one;
+    // pairs with the Acquire load in bucket_of() (M4).
+    size_log2_.store(level, std::memory_order_release);
+    current = level;
+    grows_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+void split_list::shrink_to(unsigned target) noexcept {
+  // Relaxed: see grow_to().
+  unsigned current = size_log2_.load(std::memory_order_relaxed);
+  while (current > target) {
+    const unsigned level = current;
+    // Release (M3): operations that start from now on use the smaller size.
+    size_log2_.store(level - 1, std::memory_order_release);
+    // (L5): after this, no operation still uses a top-level dummy as its starting point.
+    domain_.synchronize();
+    // Relaxed: this resizer published the level itself.
+    list_node* array = levels_[level].load(std::memory_order_relaxed);
+    const std::uint64_t first = std::uint64_t{1} << (level - 1);
+    for (std::uint64_t i = 0; i < first; ++i) {
+      list_node* victim = &array[i];
+      std::uintptr_t next = victim->next.load(std::memory_order_relaxed);
+      // Release: mark the dummy deleted (L2); concurrent inserts after it now fail their CAS
+      // and retry from a live predecessor. Pairs with the Acquire loads of `next` (M2).
+      while (!victim->next.compare_exchange_weak(next, next | kMarked,
+                                                 std::memory_order_release,
+                                                 std::memory_order_relaxed)) {
+      }
+      locate(*this, dummy(i), victim->so_key, /*past_equal=*/false);  // unlinks it
+    }
+    // Traversals that were passing through the unlinked dummies have finished.
+    domain_.synchronize();
+    // Relaxed: nothing can reach the level any more.
+    levels_[level].store(nullptr, std::memory_order_relaxed);
+    free_level(array, level);
+    current = level - 1;
+    shrinks_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void split_list::consider_resize_slow() noexcept {
+  // Acquire: the previous resizer's levels and size; pairs with the Release store below.
+  if (resizing_.exchange(true, std::memory_order_acquire)) return;  // one resizer at a time
+  const double elements = static_cast<double>(size());
+  // Relaxed: we are the only resizer.
+  const unsigned current = size_log2_.load(std::memory_order_relaxed);
+  const double buckets = std::ldexp(1.0, static_cast<int>(current));
+  if (elements > buckets * config_.grow_load_factor && current < max_log2_) {
+    const auto wanted = static_cast<std::size_t>(elements / config_.grow_load_factor) + 1;
+    grow_to(std::min(max_log2_, log2_ceil(wanted)));
+  } else if (elements < buckets * config_.shrink_load_factor && current > min_log2_ &&
+             !in_read_section()) {
+    // Hysteresis: shrink to half the grow load factor, not to the edge of growing again.
+    const auto wanted = static_cast<std::size_t>(2.0 * elements / config_.grow_load_factor) + 1;
+    shrink_to(std::max(min_log2_, log2_ceil(wanted)));
+  }
+  // Release: pairs with the Acquire exchange of the next resizer.
+  resizing_.store(false, std::memory_order_release);
+}
+
+void split_list::reserve(std::size_t elements) {
+  const auto wanted = static_cast<std::size_t>(
+      std::ceil(static_cast<double>(elements) / config_.grow_load_factor));
+  const unsigned target = std::min(max_log2_, log2_ceil(wanted));
+  // Acquire: as in consider_resize_slow(); reserve() waits its turn instead of skipping.
+  while (resizing_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
+  const bool grown = grow_to(target);
+  // Release: as in consider_resize_slow().
+  resizing_.store(false, std::memory_order_release);
+  if (!grown) throw std::bad_alloc();
+}
+
+void split_list::unlink_slow(list_node* start, list_node* node) noexcept {
+  locate(*this, start, node->so_key, /*past_equal=*/true);
+}
+
+}  // namespace grace::detail
