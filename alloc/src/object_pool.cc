@@ -64,9 +64,11 @@ struct pool_core {
   std::atomic<bool> forget_allocated{false};
   // Relaxed: the trim pass compares it between passes to tell whether the depot is in use.
   std::atomic<std::uint64_t> depot_takes{0};
-  // Owned by the trim pass (one at a time: trim_scheduled).
-  std::uint64_t depot_takes_at_last_trim = 0;
-  std::chrono::steady_clock::time_point last_trim{};
+  // The trim pass's memory. Passes normally run one at a time (trim_scheduled), but one may
+  // run synchronously inside retire() on the emergency path while another runs on the
+  // worker. Relaxed: hints for the next pass.
+  std::atomic<std::uint64_t> depot_takes_at_last_trim{0};
+  std::atomic<std::chrono::steady_clock::rep> last_trim{0};
 
   // Relaxed: statistics.
   std::atomic<std::uint64_t> held_bytes{0};
@@ -376,18 +378,32 @@ struct pool_core {
     reclamation.retire(this, &pool_core::trim_pass);
   }
 
+  // With no memory for a retire block, retire() runs the pass synchronously, on this thread;
+  // a pass it schedules from there would run inside it again, without end.
+  static inline thread_local bool tls_in_trim_pass = false;
+
   static void trim_pass(void* pointer) noexcept {
     auto* core = static_cast<pool_core*>(pointer);
     // Relaxed: see schedule_trim().
     core->trim_scheduled.store(false, std::memory_order_relaxed);
-    // Relaxed: set by the destructor before its barrier(), which waits for this pass.
-    if (core->destroying.load(std::memory_order_relaxed)) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - core->last_trim < kTrimInterval) {
+    // Relaxed: the destructor stores it before its barrier(); a pass that runs after the
+    // barrier's flush is ordered after the store by the pipeline's Release/Acquire chain.
+    if (core->destroying.load(std::memory_order_relaxed) || tls_in_trim_pass) return;
+    tls_in_trim_pass = true;
+    core->trim(std::chrono::steady_clock::now());
+    tls_in_trim_pass = false;
+  }
+
+  void trim(std::chrono::steady_clock::time_point now) noexcept {
+    pool_core* core = this;
+    // Relaxed: a hint (see last_trim).
+    const auto last = std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(core->last_trim.load(std::memory_order_relaxed)));
+    if (now - last < kTrimInterval) {
       core->schedule_trim();
       return;
     }
-    core->last_trim = now;
+    core->last_trim.store(now.time_since_epoch().count(), std::memory_order_relaxed);
     object_pool& pool = core->pool;
     bool again = false;
     for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
@@ -410,8 +426,9 @@ struct pool_core {
       pool.release_hold(cache);
     }
     const std::uint64_t takes = core->depot_takes.load(std::memory_order_relaxed);
-    const bool depot_idle = takes == core->depot_takes_at_last_trim;
-    core->depot_takes_at_last_trim = takes;
+    // Relaxed: hints (see depot_takes_at_last_trim).
+    const bool depot_idle =
+        core->depot_takes_at_last_trim.exchange(takes, std::memory_order_relaxed) == takes;
     for (unsigned i = 0; i < core->depot_slots; ++i) {
       if (core->depot[i].load(std::memory_order_relaxed) == nullptr) continue;
       again = true;
@@ -503,7 +520,8 @@ object_pool::~object_pool() {
   detail::pool_core& core = *core_;
   // Objects still waiting may be in use by readers that began before their deallocate():
   // wait for them once, and for every retire() the pool made (shed magazines, trim passes).
-  // Relaxed: the pass reads it after its grace period, which orders it after this store.
+  // Relaxed: passes that run after barrier()'s flush see it through the pipeline's
+  // Release/Acquire chain; earlier ones may reschedule, which barrier() then waits for.
   core.destroying.store(true, std::memory_order_relaxed);
   domain_.synchronize();
   domain_.barrier();

@@ -139,8 +139,13 @@ bool split_list::grow_to(unsigned target) noexcept {
     // Relaxed: published with the size below (M3).
     levels_[level].store(array, std::memory_order_relaxed);
     // Each new bucket's dummy goes in after its parent's (the same bucket without its top
-    // bit), whose elements it splits off (L1).
-    for (std::uint64_t i = 0; i < first; ++i) link_dummy(dummy(i), &array[i]);
+    // bit), whose elements it splits off (L1). The walk is an operation like any other and
+    // holds a read section (L6): one per dummy, so a large grow does not hold back grace
+    // periods.
+    for (std::uint64_t i = 0; i < first; ++i) {
+      read_guard guard;
+      link_dummy(dummy(i), &array[i]);
+    }
     // Release (M3): every new dummy is linked before any operation can start from one;
     // pairs with the Acquire load in bucket_of() (M4).
     size_log2_.store(level, std::memory_order_release);
@@ -163,6 +168,7 @@ void split_list::shrink_to(unsigned target) noexcept {
     list_node* array = levels_[level].load(std::memory_order_relaxed);
     const std::uint64_t first = std::uint64_t{1} << (level - 1);
     for (std::uint64_t i = 0; i < first; ++i) {
+      read_guard guard;  // (L6), one per dummy: never across the synchronize() calls
       list_node* victim = &array[i];
       std::uintptr_t next = victim->next.load(std::memory_order_relaxed);
       // Release: mark the dummy deleted (L2); concurrent inserts after it now fail their CAS
@@ -207,8 +213,13 @@ void split_list::reserve(std::size_t elements) {
   const auto wanted = static_cast<std::size_t>(
       std::ceil(static_cast<double>(elements) / config_.grow_load_factor));
   const unsigned target = std::min(max_log2_, log2_ceil(wanted));
-  // Acquire: as in consider_resize_slow(); reserve() waits its turn instead of skipping.
-  while (resizing_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
+  // Acquire: as in consider_resize_slow(). Outside a read section reserve() waits its turn;
+  // inside one it must not (a shrink holding the turn waits for this very read section), so
+  // there it only tries.
+  while (resizing_.exchange(true, std::memory_order_acquire)) {
+    if (in_read_section()) return;
+    std::this_thread::yield();
+  }
   const bool grown = grow_to(target);
   // Release: as in consider_resize_slow().
   resizing_.store(false, std::memory_order_release);

@@ -139,12 +139,6 @@ void domain::submit_slow(detail::retire_shard& shard, detail::retire_block* bloc
   engine_->check_limits_after_submit();
 }
 
-void domain::note_retired_by_deleter() noexcept {
-  // Release: ordered before the worker reaches a later barrier marker; barrier() reads it
-  // with Acquire to decide whether chained retirements need another round.
-  engine_->deleter_retires_.fetch_add(1, std::memory_order_release);
-}
-
 void domain::synchronize() {
   if (in_read_section()) {
     throw std::logic_error(

@@ -17,6 +17,10 @@ namespace {
 // worker wakes it sooner on progress.
 constexpr std::chrono::milliseconds kRecheckInterval{1};
 
+// retire() calls made by deleters, in every domain, published after each deleter returned.
+// barrier() repeats while it grows: a deleter may retire into any domain.
+std::atomic<std::uint64_t> retires_by_deleters{0};
+
 void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) noexcept {
   std::uint64_t seen = peak.load(std::memory_order_relaxed);
   // Relaxed: a statistic.
@@ -115,8 +119,8 @@ void reclaim_engine::check_limits_after_submit() noexcept {
   if (objects <= options.soft_limit_objects && bytes <= options.soft_limit_bytes) return;
   request_flush();
   if (objects <= options.hard_limit_objects && bytes <= options.hard_limit_bytes) return;
-  // The reclaim worker must never wait for itself.
-  if (tls_reader.in_reclaim_worker) return;
+  // A deleter must never wait: on the worker it would wait for itself.
+  if (tls_reader.running_deleters) return;
   if (tls_reader.nesting != 0) {
     defer_backpressure_wait(this);  // never wait inside a read section
   } else {
@@ -133,11 +137,11 @@ void reclaim_engine::request_flush() noexcept {
 }
 
 void reclaim_engine::request_gp() noexcept {
-  // Relaxed: a hint (see request_flush); repeated requests before the GP thread runs merge.
-  if (!gp_requested_.load(std::memory_order_relaxed) &&
-      !gp_requested_.exchange(true, std::memory_order_relaxed)) {
-    wake_gp_thread();
-  }
+  // AcqRel: if the flag was already set, the GP thread's clearing exchange comes later in its
+  // modification order and synchronizes with this one, so the grace period it then runs
+  // takes a ticket after the caller's cookie; pairs with the AcqRel exchange in
+  // gp_thread_main(). A relaxed pre-check could see a stale true and lose the request.
+  if (!gp_requested_.exchange(true, std::memory_order_acq_rel)) wake_gp_thread();
 }
 
 void reclaim_engine::note_block_opened() noexcept {
@@ -209,8 +213,9 @@ void reclaim_engine::gp_thread_main() noexcept {
       continue;
     }
     if (batch != nullptr) continue;
-    // Relaxed: a hint; the grace period itself is ordered by run_grace_period().
-    if (gp_requested_.exchange(false, std::memory_order_relaxed)) {
+    // AcqRel: pairs with request_gp(); the ticket below follows every cookie taken before a
+    // request this exchange consumed.
+    if (gp_requested_.exchange(false, std::memory_order_acq_rel)) {
       run_grace_period();
       continue;
     }
@@ -307,8 +312,7 @@ void reclaim_engine::pass_to_worker(batch_node* newest, batch_node* oldest) noex
 }
 
 void reclaim_engine::worker_thread_main() noexcept {
-  tls_reader.in_reclaim_worker = true;
-  worker_thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  deleter_scope running_deleters;  // for the worker's whole life
   for (;;) {
     // Acquire (R2): pairs with the SeqCst push (R1) in pass_to_worker().
     batch_node* chain = reclaim_queue_.exchange(nullptr, std::memory_order_acquire);
@@ -362,6 +366,7 @@ void reclaim_engine::reclaim_block(retire_block* block) noexcept {
   const std::uint32_t count = block->count;
   const std::uint64_t bytes = block->bytes;
   for (std::uint32_t i = 0; i < count; ++i) entries[i].deleter(entries[i].object);
+  deleter_scope::publish_retires_by_deleters();  // before any later barrier marker is reached
   recycle_block(block);
   reclaimed_objects_.fetch_add(count, std::memory_order_relaxed);
   reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -433,7 +438,10 @@ void reclaim_engine::emergency_reclaim(void* object, void (*deleter)(void*),
   retired_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   if (tls_reader.nesting == 0) {
     run_grace_period();
-    deleter(object);
+    {
+      deleter_scope running;
+      deleter(object);
+    }
     reclaimed_objects_.fetch_add(1, std::memory_order_relaxed);
     reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     return;
@@ -463,15 +471,16 @@ void reclaim_engine::barrier() {
         "grace::domain::barrier() called inside a read section: it would wait for the "
         "caller's own read_guard. Call it after the guard is destroyed.");
   }
-  if (is_worker_thread()) {
+  if (tls_reader.running_deleters) {
     throw std::logic_error(
-        "grace::domain::barrier() called from one of the domain's own deleters: the worker "
-        "would wait for itself. Retire from the deleter instead; barrier() covers that.");
+        "grace::domain::barrier() called from inside a deleter: the reclaim worker would "
+        "wait for itself. Retire from the deleter instead; barrier() covers that.");
   }
   for (;;) {
-    // Acquire: retires made by deleters that ran before we read this are visible to the
-    // flush below; pairs with the Release increment in domain::note_retired_by_deleter().
-    const std::uint64_t chained_before = deleter_retires_.load(std::memory_order_acquire);
+    // Acquire: retires published by deleters before we read this reached their shards
+    // first, so the flush below sees them; pairs with the Release in
+    // publish_retires_by_deleters().
+    const std::uint64_t chained_before = retires_by_deleters.load(std::memory_order_acquire);
     flush_shards();
     barrier_marker marker;
     submit(&marker);
@@ -482,9 +491,19 @@ void reclaim_engine::barrier() {
     while (emergency_outstanding_.load(std::memory_order_acquire) != 0) {
       std::this_thread::sleep_for(kRecheckInterval);
     }
-    // Acquire: as above; a deleter that ran before the marker retired more: go again.
-    if (deleter_retires_.load(std::memory_order_acquire) == chained_before) return;
+    // Acquire: as above. A deleter that ran before the marker (or an emergency deleter) retired
+    // more, possibly after our flush: go again.
+    if (retires_by_deleters.load(std::memory_order_acquire) == chained_before) return;
   }
+}
+
+void deleter_scope::publish_retires_by_deleters() noexcept {
+  const std::uint32_t count = tls_reader.retires_by_deleters;
+  if (count == 0) return;
+  tls_reader.retires_by_deleters = 0;
+  // Release: the retired entries reached their shard or the engine first; pairs with the
+  // Acquire loads in barrier().
+  retires_by_deleters.fetch_add(count, std::memory_order_release);
 }
 
 domain_stats reclaim_engine::stats() const noexcept {

@@ -44,13 +44,7 @@ class reclaim_engine {
   // An emergency object deferred to the end of a read section was reclaimed.
   void emergency_done(std::size_t bytes) noexcept;
 
-  bool is_worker_thread() const noexcept {
-    return std::this_thread::get_id() == worker_thread_id_.load(std::memory_order_relaxed);
-  }
   domain_stats stats() const noexcept;
-
-  // Relaxed: statistics and limits; approximate by design.
-  std::atomic<std::uint64_t> deleter_retires_{0};
 
  private:
   void gp_thread_main() noexcept;
@@ -99,9 +93,30 @@ class reclaim_engine {
   std::atomic<std::uint64_t> batches_{0};
   std::atomic<std::uint64_t> grace_periods_{0};
 
-  std::atomic<std::thread::id> worker_thread_id_{};
   std::thread gp_thread_;
   std::thread worker_thread_;
+};
+
+// Marks the calling thread as running deleters for its lifetime: barrier() and back-pressure
+// waits are refused meanwhile, and retire() calls made by the deleters are published when it
+// ends (after they have reached a shard or the engine), for barrier()'s chained-retire check.
+class deleter_scope {
+ public:
+  deleter_scope() noexcept : was_running_(tls_reader.running_deleters) {
+    tls_reader.running_deleters = true;
+  }
+  ~deleter_scope() {
+    publish_retires_by_deleters();
+    tls_reader.running_deleters = was_running_;
+  }
+  deleter_scope(const deleter_scope&) = delete;
+  deleter_scope& operator=(const deleter_scope&) = delete;
+
+  // Publishes the retire() calls deleters made so far on this thread.
+  static void publish_retires_by_deleters() noexcept;
+
+ private:
+  bool was_running_;
 };
 
 // Per-thread work postponed to the end of the outermost read section

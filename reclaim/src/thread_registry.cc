@@ -129,7 +129,10 @@ void run_deferred_work_slow() noexcept {
     // section that has just ended, so after it began.
     reclaims[0].engine->run_grace_period();
     for (unsigned i = 0; i < reclaim_count; ++i) {
-      reclaims[i].deleter(reclaims[i].object);
+      {
+        deleter_scope running;  // publishes its retires before emergency_done() below
+        reclaims[i].deleter(reclaims[i].object);
+      }
       reclaims[i].engine->emergency_done(reclaims[i].bytes);
     }
   }

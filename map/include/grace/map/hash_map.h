@@ -244,7 +244,8 @@ class hash_map {
   // Exact when no update is in flight.
   std::size_t size() const noexcept { return list_.size(); }
   bool empty() const noexcept { return size() == 0; }
-  // Grows the table so `n` elements fit under the grow load factor.
+  // Grows the table so `n` elements fit under the grow load factor. Inside a read section it
+  // is best effort: it skips if another resize is running (waiting could deadlock).
   void reserve(std::size_t n) { list_.reserve(n); }
 
   // Erases every element. Concurrent updates may leave elements inserted meanwhile. Outside

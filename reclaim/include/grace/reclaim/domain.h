@@ -122,7 +122,7 @@ class domain {
   // std::logic_error inside a read section.
   void synchronize();
   // Waits until every object retired before the call has been reclaimed. Throws
-  // std::logic_error inside a read section or from one of this domain's deleters.
+  // std::logic_error inside a read section or from inside a deleter.
   void barrier();
 
   // Grace-period polling (what liburcu 0.14 calls start/poll_state_synchronize_rcu).
@@ -153,7 +153,6 @@ class domain {
   // Hands a full (or over-budget) block to the engine, then releases the shard.
   [[gnu::cold, gnu::noinline]] void submit_slow(detail::retire_shard& shard,
                                                 detail::retire_block* block) noexcept;
-  void note_retired_by_deleter() noexcept;
 
   domain_options options_;
   std::unique_ptr<detail::retire_shard[]> shards_;
@@ -165,7 +164,8 @@ class domain {
 };
 
 inline void domain::retire(void* object, void (*deleter)(void*), std::size_t bytes) noexcept {
-  if (detail::tls_reader.in_reclaim_worker) [[unlikely]] note_retired_by_deleter();
+  // Counted here, published only after the deleter returns (see reclaim_engine::barrier()).
+  if (detail::tls_reader.running_deleters) [[unlikely]] ++detail::tls_reader.retires_by_deleters;
   detail::retire_shard& shard = shards_[detail::current_cpu() & shard_mask_];
   // Acquire (R3): own the shard's open block, with the entries its previous owner wrote;
   // pairs with the Release store (R4) that ended that ownership.

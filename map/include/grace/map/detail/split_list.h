@@ -45,8 +45,11 @@
 // Progress guarantees: lookups are wait-free in the absence of unbounded insertion before
 // them in the same bucket, never block, never help, and write no shared memory. Updates are
 // lock-free: a CAS fails only because another operation succeeded. A resize is serialized
-// with other resizes (one at a time, by try-lock: a second resizer skips, never waits) and
-// never with readers or updaters.
+// with other resizes (a resizer triggered by an update skips if another runs; reserve()
+// outside a read section waits its turn) and never with readers or updaters. After its
+// linearization point, outside its read section, an update may do housekeeping that
+// blocks: a shrink (it waits for grace periods), or a grace period the element pool asks
+// its thread to run (object_pool's caller_gp_threshold).
 #pragma once
 
 #include <atomic>
@@ -138,7 +141,8 @@ class split_list {
   std::uint64_t grows() const noexcept { return grows_.load(std::memory_order_relaxed); }
   std::uint64_t shrinks() const noexcept { return shrinks_.load(std::memory_order_relaxed); }
 
-  // Grows until `elements` fit under the grow load factor (bounded by max_buckets).
+  // Grows until `elements` fit under the grow load factor (bounded by max_buckets). Inside a
+  // read section it only tries: if another resize runs, it returns without growing.
   void reserve(std::size_t elements);
   // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks only outside a
   // read section (it waits for grace periods), otherwise leaves it for a later update.

@@ -21,7 +21,8 @@ struct reader_state {
   std::uint32_t nesting = 0;        // read_guards held; liburcu is entered at 0 -> 1 only
   bool registered = false;          // registered with liburcu (urcu_memb_register_thread)
   bool has_deferred_work = false;   // run_deferred_work_slow() at the outermost unlock
-  bool in_reclaim_worker = false;   // this thread runs a domain's deleters
+  bool running_deleters = false;    // inside deleters (a domain's worker, or emergency work)
+  std::uint32_t retires_by_deleters = 0;  // retire() calls made meanwhile, not yet published
 };
 
 inline constinit thread_local reader_state tls_reader{};
