@@ -21,6 +21,12 @@ constexpr std::chrono::milliseconds kRecheckInterval{1};
 // barrier() repeats while it grows: a deleter may retire into any domain.
 std::atomic<std::uint64_t> retires_by_deleters{0};
 
+// `retired - reclaimed`, or 0: `retired` may be a snapshot older than `reclaimed` (the thread
+// was preempted between the two reads while later objects were retired and reclaimed).
+std::uint64_t backlog(std::uint64_t retired, std::uint64_t reclaimed) noexcept {
+  return retired > reclaimed ? retired - reclaimed : 0;
+}
+
 void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) noexcept {
   std::uint64_t seen = peak.load(std::memory_order_relaxed);
   // Relaxed: a statistic.
@@ -89,22 +95,21 @@ void reclaim_engine::hand_in(retire_block* block) noexcept {
   const std::uint64_t bytes =
       retired_bytes_.fetch_add(block->bytes, std::memory_order_relaxed) + block->bytes;
   blocks_.fetch_add(1, std::memory_order_relaxed);
-  raise_to(peak_pending_objects_, objects - reclaimed_objects_.load(std::memory_order_relaxed));
-  raise_to(peak_pending_bytes_, bytes - reclaimed_bytes_.load(std::memory_order_relaxed));
+  raise_to(peak_pending_objects_,
+           backlog(objects, reclaimed_objects_.load(std::memory_order_relaxed)));
+  raise_to(peak_pending_bytes_, backlog(bytes, reclaimed_bytes_.load(std::memory_order_relaxed)));
   submit(block);
 }
 
 std::uint64_t reclaim_engine::pending_objects() const noexcept {
   // Relaxed: an estimate; reclaimed may be read ahead of retired, hence the clamp.
   const std::uint64_t reclaimed = reclaimed_objects_.load(std::memory_order_relaxed);
-  const std::uint64_t retired = retired_objects_.load(std::memory_order_relaxed);
-  return retired > reclaimed ? retired - reclaimed : 0;
+  return backlog(retired_objects_.load(std::memory_order_relaxed), reclaimed);
 }
 
 std::uint64_t reclaim_engine::pending_bytes() const noexcept {
   const std::uint64_t reclaimed = reclaimed_bytes_.load(std::memory_order_relaxed);
-  const std::uint64_t retired = retired_bytes_.load(std::memory_order_relaxed);
-  return retired > reclaimed ? retired - reclaimed : 0;
+  return backlog(retired_bytes_.load(std::memory_order_relaxed), reclaimed);
 }
 
 bool reclaim_engine::over_hard_limit() const noexcept {

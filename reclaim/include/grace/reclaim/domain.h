@@ -110,6 +110,10 @@ class domain {
 
   // Deletes `object` after a grace period. Requires: object is unreachable from shared
   // memory, and is retired once. May be called inside a read section. Never throws.
+  // When no retire block can be allocated at all, the retiring thread reclaims the object
+  // itself after a grace period; inside a read section it postpones that to the end of its
+  // outermost guard, with room for 64 objects per thread (static storage, since memory is
+  // what is missing): a 65th such object in one read section aborts with a message.
   template <class T>
   void retire(T* object) noexcept {
     if (object == nullptr) return;

@@ -1,0 +1,995 @@
+// Tests for grace::domain: retire, barrier, synchronize, grace-period cookies, options, stats,
+// memory limits and the emergency path (no memory for a retire block).
+//
+// Order: single-threaded semantics; lifetime accounting (every object reclaimed exactly once);
+// allocation failure; concurrency. Heavier floods live in domain_stress_test.cc.
+//
+// Conventions:
+//   - Objects are grace::testing::tracked (a canary plus a per-id destruction count).
+//   - Tests about barrier() use a 10 s drain interval (the maximum), so anything reclaimed
+//     was reclaimed because barrier() (or the destructor) flushed it, not by the drain timer.
+//   - Sleeps only widen race windows (kHold); every correctness assertion rests on a flag, a
+//     join, barrier() or a watchdog.
+#include "grace/reclaim/domain.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "grace/reclaim/read_guard.h"
+#include "tests/testing/testing.h"
+
+namespace {
+
+namespace gt = grace::testing;
+using namespace std::chrono_literals;
+
+constexpr auto kHold = 30ms;          // a reader lingers this long to widen race windows
+constexpr auto kNoDeadlock = 30s;     // watchdog budget for calls that must return
+constexpr auto kNoDrainTimer = 10s;   // the largest drain interval: the timer never fires
+constexpr std::size_t kCapacity = grace::detail::kRetireBlockCapacity;
+
+std::string lowercase(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+void delete_tracked(void* p) { delete static_cast<gt::tracked*>(p); }
+
+// Deleters run by the retiring thread itself (the emergency path) are counted here.
+thread_local std::size_t t_deleted_on_this_thread = 0;
+void delete_tracked_counting_thread(void* p) {
+  ++t_deleted_on_this_thread;
+  delete static_cast<gt::tracked*>(p);
+}
+
+// A link of a chain of retirements: its deleter retires the next level into the same domain.
+// Chain c, level l has tracker id c * depth + l.
+struct chain_link {
+  chain_link(grace::domain& d, gt::instance_tracker& t, std::size_t chain_index, unsigned lvl,
+             unsigned chain_depth)
+      : domain(&d),
+        tracker(&t),
+        payload(t, chain_index * chain_depth + lvl),
+        chain(chain_index),
+        level(lvl),
+        depth(chain_depth) {}
+  grace::domain* domain;
+  gt::instance_tracker* tracker;
+  gt::tracked payload;
+  std::size_t chain;
+  unsigned level;
+  unsigned depth;
+};
+
+void reclaim_chain_link(void* p) {
+  auto* link = static_cast<chain_link*>(p);
+  if (link->level + 1 < link->depth) {
+    link->domain->retire(
+        new chain_link(*link->domain, *link->tracker, link->chain, link->level + 1, link->depth),
+        &reclaim_chain_link, sizeof(chain_link));
+  }
+  delete link;
+}
+
+void retire_chains(grace::domain& d, gt::instance_tracker& tracker, std::size_t chains,
+                   unsigned depth) {
+  for (std::size_t c = 0; c < chains; ++c) {
+    d.retire(new chain_link(d, tracker, c, 0, depth), &reclaim_chain_link, sizeof(chain_link));
+  }
+}
+
+// Succeeds iff constructing a domain with `options` throws std::invalid_argument whose
+// message names `option`.
+::testing::AssertionResult rejects(const grace::domain_options& options, std::string_view option) {
+  try {
+    grace::domain d(options);
+  } catch (const std::invalid_argument& e) {
+    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure()
+           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw something else: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "the domain accepted the options";
+}
+
+class DomainBatching : public ::testing::TestWithParam<grace::batching> {
+ protected:
+  grace::domain_options options(std::chrono::milliseconds drain_interval) const {
+    grace::domain_options o;
+    o.drain_interval = drain_interval;
+    o.batching = GetParam();
+    return o;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Modes, DomainBatching,
+                         ::testing::Values(grace::batching::per_cpu_blocks,
+                                           grace::batching::per_object),
+                         [](const ::testing::TestParamInfo<grace::batching>& info) {
+                           return info.param == grace::batching::per_object ? "PerObject"
+                                                                            : "PerCpuBlocks";
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Single-threaded semantics.
+
+TEST_P(DomainBatching, RetireDeletesTheObjectExactlyOnceAfterBarrier) {
+  gt::instance_tracker tracker(1);
+  grace::domain d(options(kNoDrainTimer));
+  d.retire(new gt::tracked(tracker, 0));
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 1));
+  d.barrier();
+  d.synchronize();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 1));
+  EXPECT_EQ(tracker.corrupt_destructions(), 0u);
+}
+
+TEST_P(DomainBatching, RetireWithADeleterCallsItOnceWithTheObject) {
+  static std::atomic<int> calls{0};
+  static std::atomic<void*> argument{nullptr};
+  calls.store(0, std::memory_order_relaxed);  // Relaxed: no other thread runs yet.
+  argument.store(nullptr, std::memory_order_relaxed);  // Relaxed: as above.
+  grace::domain d(options(kNoDrainTimer));
+  constexpr std::size_t kBytes = 1000;
+  int* object = new int(42);
+  d.retire(object, [](void* p) {
+    // Relaxed (both): read by the test after barrier(), which orders them.
+    calls.fetch_add(1, std::memory_order_relaxed);
+    argument.store(p, std::memory_order_relaxed);
+    delete static_cast<int*>(p);
+  }, kBytes);
+  d.barrier();
+  EXPECT_EQ(calls.load(std::memory_order_relaxed), 1);  // Relaxed: after barrier().
+  EXPECT_EQ(argument.load(std::memory_order_relaxed), object);  // Relaxed: after barrier().
+  const grace::domain_stats s = d.stats();
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_GE(s.peak_pending_bytes, kBytes) << "bytes given to retire() were not counted";
+}
+
+TEST_P(DomainBatching, RetireOfNullptrIsANoOp) {
+  grace::domain d(options(kNoDrainTimer));
+  d.retire(static_cast<gt::tracked*>(nullptr));
+  d.retire(static_cast<int*>(nullptr));
+  d.barrier();
+  const grace::domain_stats s = d.stats();
+  EXPECT_EQ(s.retired, 0u);
+  EXPECT_EQ(s.reclaimed, 0u);
+  EXPECT_EQ(s.blocks, 0u);
+}
+
+TEST_P(DomainBatching, ObjectsRetiredInsideAReadSectionOutliveTheSection) {
+  // A 1 ms drain interval: the engine would reclaim at once if the guard did not hold it.
+  constexpr std::size_t kObjects = 64;
+  gt::instance_tracker tracker(kObjects);
+  grace::domain d(options(1ms));
+  {
+    auto g = d.pin();
+    for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
+    // No request_gp(): a grace period the engine starts now would block its GP thread until
+    // this section ends, and so hide an engine that reclaims without waiting for one.
+    std::this_thread::sleep_for(kHold);  // give a broken engine time to reclaim early
+    EXPECT_TRUE(tracker.none_destroyed(0, kObjects));
+  }
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+}
+
+TEST(Domain, StatsCountRetiredReclaimedBlocksAndGracePeriods) {
+  // Three full blocks and a partial one (or more blocks if the thread migrates).
+  constexpr std::size_t kObjects = 3 * kCapacity + 7;
+  gt::instance_tracker tracker(2 * kObjects);
+  grace::domain d({.drain_interval = kNoDrainTimer});
+  const grace::domain_stats fresh = d.stats();
+  EXPECT_EQ(fresh.retired, 0u);
+  EXPECT_EQ(fresh.reclaimed, 0u);
+  EXPECT_EQ(fresh.pending_objects, 0u);
+  EXPECT_EQ(fresh.blocks, 0u);
+
+  for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
+  d.barrier();
+  const grace::domain_stats first = d.stats();
+  EXPECT_EQ(first.retired, kObjects);
+  EXPECT_EQ(first.reclaimed, kObjects);
+  EXPECT_EQ(first.pending_objects, 0u);
+  EXPECT_EQ(first.pending_bytes, 0u);
+  EXPECT_GE(first.peak_pending_objects, 1u);
+  EXPECT_LE(first.peak_pending_objects, kObjects);
+  EXPECT_GE(first.peak_pending_bytes, sizeof(gt::tracked));
+  EXPECT_LE(first.peak_pending_bytes, kObjects * sizeof(gt::tracked));
+  EXPECT_GE(first.grace_periods, 1u);
+  EXPECT_GE(first.blocks, (kObjects + kCapacity - 1) / kCapacity);
+  EXPECT_GE(first.batches, 1u);
+  EXPECT_LE(first.batches, first.blocks);
+  EXPECT_EQ(first.forced_drains, 0u);
+  EXPECT_EQ(first.backpressure_waits, 0u);
+  EXPECT_EQ(first.emergency_frees, 0u);
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+
+  for (std::size_t i = kObjects; i < 2 * kObjects; ++i) d.retire(new gt::tracked(tracker, i));
+  d.barrier();
+  const grace::domain_stats second = d.stats();
+  EXPECT_EQ(second.retired, 2 * kObjects);
+  EXPECT_EQ(second.reclaimed, 2 * kObjects);
+  EXPECT_GT(second.grace_periods, first.grace_periods);
+  EXPECT_GT(second.blocks, first.blocks);
+  EXPECT_GT(second.batches, first.batches);
+  EXPECT_GE(second.peak_pending_objects, first.peak_pending_objects);
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 2 * kObjects));
+}
+
+TEST(Domain, PerObjectBatchingGivesEveryObjectItsOwnBatchAndGracePeriod) {
+  constexpr std::size_t kObjects = 50;
+  gt::instance_tracker tracker(kObjects);
+  grace::domain d({.drain_interval = kNoDrainTimer, .batching = grace::batching::per_object});
+  for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+  const grace::domain_stats s = d.stats();
+  EXPECT_EQ(s.retired, kObjects);
+  EXPECT_EQ(s.reclaimed, kObjects);
+  EXPECT_GE(s.batches, kObjects);
+  EXPECT_GE(s.grace_periods, kObjects);
+}
+
+TEST(Domain, OptionsOutOfRangeThrowInvalidArgumentNamingTheOption) {
+  EXPECT_TRUE(rejects({.drain_interval = 0ms}, "drain_interval"));
+  EXPECT_TRUE(rejects({.drain_interval = -5ms}, "drain_interval"));
+  EXPECT_TRUE(rejects({.drain_interval = 10001ms}, "drain_interval"));
+  EXPECT_TRUE(rejects({.drain_interval = 1h}, "drain_interval"));
+  EXPECT_TRUE(rejects({.soft_limit_objects = 1000, .hard_limit_objects = 999},
+                      "hard_limit_objects"));
+  EXPECT_TRUE(rejects({.soft_limit_bytes = 1 << 20, .hard_limit_bytes = (1 << 20) - 1},
+                      "hard_limit_bytes"));
+}
+
+TEST(Domain, OptionsAtTheEdgesOfTheirRangesAreAcceptedAndKept) {
+  {
+    grace::domain d({.drain_interval = 1ms, .soft_limit_objects = 10, .soft_limit_bytes = 100,
+                     .hard_limit_objects = 10, .hard_limit_bytes = 100});
+    EXPECT_EQ(d.options().drain_interval, 1ms);
+    EXPECT_EQ(d.options().soft_limit_objects, 10u);
+    EXPECT_EQ(d.options().hard_limit_objects, 10u);
+    EXPECT_EQ(d.options().soft_limit_bytes, 100u);
+    EXPECT_EQ(d.options().hard_limit_bytes, 100u);
+  }
+  {
+    grace::domain d({.drain_interval = 10s, .batching = grace::batching::per_object});
+    EXPECT_EQ(d.options().drain_interval, 10s);
+    EXPECT_EQ(d.options().batching, grace::batching::per_object);
+  }
+  grace::domain defaults;
+  EXPECT_EQ(defaults.options().drain_interval, 20ms);
+  EXPECT_EQ(defaults.options().batching, grace::batching::per_cpu_blocks);
+}
+
+TEST(Domain, GlobalDomainIsOneInstanceThatReclaims) {
+  grace::domain& global = grace::domain::global();
+  EXPECT_EQ(&global, &grace::domain::global());
+  EXPECT_EQ(global.options().drain_interval, 20ms);
+  constexpr std::size_t kObjects = 10;
+  gt::instance_tracker tracker(kObjects);
+  for (std::size_t i = 0; i < kObjects; ++i) global.retire(new gt::tracked(tracker, i));
+  global.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+}
+
+TEST_P(DomainBatching, DestroyingTheDomainReclaimsEverythingRetiredIntoIt) {
+  constexpr std::size_t kObjects = 2 * kCapacity + 5;  // leaves a partial block open
+  constexpr std::size_t kChains = 8;
+  constexpr unsigned kDepth = 4;
+  gt::instance_tracker objects(kObjects);
+  gt::instance_tracker chains(kChains * kDepth);
+  {
+    grace::domain d(options(kNoDrainTimer));
+    for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(objects, i));
+    retire_chains(d, chains, kChains, kDepth);
+    gt::watchdog dog(kNoDeadlock, "~domain()");
+  }
+  EXPECT_TRUE(objects.each_destroyed_once(0, kObjects));
+  EXPECT_TRUE(chains.each_destroyed_once(0, kChains * kDepth));
+}
+
+TEST(Domain, DomainReturnsEveryRetireBlockToItsAllocator) {
+  gt::failing_allocator allocator;  // counts; never fails here
+  constexpr std::size_t kObjects = 5 * kCapacity;
+  gt::instance_tracker tracker(kObjects);
+  {
+    grace::domain d({.drain_interval = kNoDrainTimer, .allocator = allocator.get()});
+    for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
+    d.barrier();
+    EXPECT_EQ(d.stats().emergency_frees, 0u);
+  }
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+  EXPECT_GT(allocator.attempts(), 0u) << "retire blocks did not come from options.allocator";
+  EXPECT_EQ(allocator.failures(), 0u);
+  EXPECT_EQ(allocator.live_allocations(), 0);
+  EXPECT_EQ(allocator.live_bytes(), 0) << "a block was returned with a different size";
+}
+
+TEST(Domain, SynchronizeInsideAReadSectionThrowsLogicError) {
+  grace::domain d;
+  gt::watchdog dog(kNoDeadlock, "synchronize() inside a read section");
+  {
+    auto g = d.pin();
+    try {
+      d.synchronize();
+      ADD_FAILURE() << "synchronize() inside a read section returned";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(lowercase(e.what()).find("read"), std::string::npos)
+          << "the message does not mention the read section: " << e.what();
+    }
+    EXPECT_TRUE(grace::in_read_section());
+  }
+  {
+    std::scoped_lock<grace::domain> outer(d);
+    auto inner = grace::pin();
+    EXPECT_THROW(d.synchronize(), std::logic_error);
+  }
+  d.synchronize();  // works again once the section is over
+}
+
+TEST(Domain, BarrierInsideAReadSectionThrowsLogicError) {
+  gt::instance_tracker tracker(1);
+  grace::domain d({.drain_interval = kNoDrainTimer});
+  gt::watchdog dog(kNoDeadlock, "barrier() inside a read section");
+  {
+    auto g = grace::pin();
+    d.retire(new gt::tracked(tracker, 0));
+    try {
+      d.barrier();
+      ADD_FAILURE() << "barrier() inside a read section returned";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(lowercase(e.what()).find("read"), std::string::npos)
+          << "the message does not mention the read section: " << e.what();
+    }
+    EXPECT_TRUE(grace::in_read_section());
+    EXPECT_TRUE(tracker.none_destroyed(0, 1));
+  }
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 1));
+}
+
+struct barrier_probe {
+  grace::domain* domain;
+  std::atomic<int>* threw_logic_error;
+  std::atomic<int>* returned;
+  std::string* message;
+};
+
+void reclaim_barrier_probe(void* p) {
+  auto* probe = static_cast<barrier_probe*>(p);
+  try {
+    probe->domain->barrier();
+    probe->returned->fetch_add(1, std::memory_order_relaxed);  // Relaxed: read after barrier().
+  } catch (const std::logic_error& e) {
+    *probe->message = e.what();
+    probe->threw_logic_error->fetch_add(1, std::memory_order_relaxed);  // Relaxed: as above.
+  }
+  delete probe;
+}
+
+TEST(Domain, BarrierFromADeleterOfTheSameDomainThrowsLogicError) {
+  std::atomic<int> threw{0};
+  std::atomic<int> returned{0};
+  std::string message;
+  grace::domain d({.drain_interval = kNoDrainTimer});
+  d.retire(new barrier_probe{&d, &threw, &returned, &message}, &reclaim_barrier_probe);
+  {
+    gt::watchdog dog(kNoDeadlock, "barrier() whose deleter calls barrier()");
+    d.barrier();
+  }
+  EXPECT_EQ(threw.load(std::memory_order_relaxed), 1);     // Relaxed: after barrier().
+  EXPECT_EQ(returned.load(std::memory_order_relaxed), 0);  // Relaxed: after barrier().
+  EXPECT_FALSE(message.empty());
+}
+
+TEST(Domain, BarrierFromADeleterRunByTheRetiringThreadThrowsLogicError) {
+  // No block memory: retire() runs the deleter itself, after a grace period.
+  gt::failing_allocator allocator;
+  allocator.fail_all(true);
+  std::atomic<int> threw{0};
+  std::atomic<int> returned{0};
+  std::string message;
+  grace::domain d({.drain_interval = kNoDrainTimer, .allocator = allocator.get()});
+  {
+    gt::watchdog dog(kNoDeadlock, "retire() whose emergency deleter calls barrier()");
+    d.retire(new barrier_probe{&d, &threw, &returned, &message}, &reclaim_barrier_probe);
+  }
+  ASSERT_EQ(d.stats().emergency_frees, 1u);
+  EXPECT_EQ(threw.load(std::memory_order_relaxed), 1);     // Relaxed: same thread.
+  EXPECT_EQ(returned.load(std::memory_order_relaxed), 0);  // Relaxed: same thread.
+}
+
+TEST(Domain, BarrierFromADeleterRunAtAGuardsEndThrowsLogicError) {
+  // No block memory inside a read section: the deleter runs when the outermost guard ends.
+  gt::failing_allocator allocator;
+  allocator.fail_all(true);
+  std::atomic<int> threw{0};
+  std::atomic<int> returned{0};
+  std::string message;
+  grace::domain d({.drain_interval = kNoDrainTimer, .allocator = allocator.get()});
+  {
+    gt::watchdog dog(kNoDeadlock, "a guard's end whose emergency deleter calls barrier()");
+    auto g = d.pin();
+    d.retire(new barrier_probe{&d, &threw, &returned, &message}, &reclaim_barrier_probe);
+  }
+  ASSERT_EQ(d.stats().emergency_frees, 1u);
+  EXPECT_EQ(threw.load(std::memory_order_relaxed), 1);     // Relaxed: same thread.
+  EXPECT_EQ(returned.load(std::memory_order_relaxed), 0);  // Relaxed: same thread.
+}
+
+TEST(Domain, SynchronizeWhenUnpinnedOutsideAReadSectionRunsAGracePeriodNow) {
+  grace::domain d;
+  const std::uint64_t cookie = d.gp_cookie();
+  {
+    gt::watchdog dog(kNoDeadlock, "synchronize_when_unpinned()");
+    d.synchronize_when_unpinned();
+  }
+  EXPECT_TRUE(d.gp_elapsed(cookie));
+}
+
+TEST(Domain, SynchronizeWhenUnpinnedInsideAReadSectionRunsAtTheOutermostGuardsEnd) {
+  grace::domain d;
+  gt::watchdog dog(kNoDeadlock, "synchronize_when_unpinned() inside a read section");
+  std::uint64_t cookie = 0;
+  {
+    auto outer = d.pin();
+    // Taken inside the section: a grace period that makes it elapse began after this thread
+    // pinned, so it cannot end before this thread's outer guard does.
+    cookie = d.gp_cookie();
+    {
+      auto inner = grace::pin();
+      d.synchronize_when_unpinned();  // must not wait for this thread's own section
+    }
+    EXPECT_FALSE(d.gp_elapsed(cookie));
+  }
+  EXPECT_TRUE(d.gp_elapsed(cookie)) << "the outermost guard's end did not run the grace period";
+}
+
+TEST(Domain, GpCookieElapsesAfterSynchronize) {
+  grace::domain d;
+  const std::uint64_t cookie = d.gp_cookie();
+  EXPECT_FALSE(d.gp_elapsed(cookie));
+  d.synchronize();
+  EXPECT_TRUE(d.gp_elapsed(cookie));
+  const std::uint64_t later = d.gp_cookie();
+  EXPECT_GT(later, cookie);
+  EXPECT_FALSE(d.gp_elapsed(later + 1000));
+  d.synchronize();
+  EXPECT_TRUE(d.gp_elapsed(later));
+}
+
+TEST(Domain, GpCookieDoesNotElapseWhileAnEarlierReaderIsInside) {
+  grace::domain d;
+  std::atomic<bool> inside{false};
+  std::atomic<bool> release{false};
+  std::thread reader([&] {
+    auto g = grace::pin();
+    // Release: pairs with the Acquire spin below (only gates the sequence).
+    inside.store(true, std::memory_order_release);
+    // Acquire: pairs with the Release store of `release`.
+    while (!release.load(std::memory_order_acquire)) std::this_thread::yield();
+  });
+  // Acquire: pairs with the reader's Release store of `inside`.
+  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+  const std::uint64_t cookie = d.gp_cookie();
+  d.request_gp();
+  std::this_thread::sleep_for(kHold);  // give a broken engine time to complete a GP early
+  EXPECT_FALSE(d.gp_elapsed(cookie)) << "a grace period ended while an earlier reader was inside";
+  // Release: pairs with the reader's Acquire spin.
+  release.store(true, std::memory_order_release);
+  reader.join();
+  EXPECT_TRUE(gt::eventually([&] { return d.gp_elapsed(cookie); }, 5s))
+      << "request_gp() did not lead to a grace period";
+}
+
+TEST(Domain, RequestGpMakesACookieElapseWithoutSynchronize) {
+  grace::domain d;
+  for (int round = 0; round < 3; ++round) {
+    const std::uint64_t cookie = d.gp_cookie();
+    d.request_gp();
+    EXPECT_TRUE(gt::eventually([&] { return d.gp_elapsed(cookie); }, 5s))
+        << "round " << round << ": request_gp() did not lead to a grace period";
+  }
+  // request_gp() never blocks, so it may be called inside a read section.
+  const std::uint64_t cookie = d.gp_cookie();
+  {
+    auto g = grace::pin();
+    d.request_gp();
+  }
+  EXPECT_TRUE(gt::eventually([&] { return d.gp_elapsed(cookie); }, 5s));
+}
+
+TEST_P(DomainBatching, PartialBatchIsReclaimedWithinTheDrainIntervalWithoutBarrier) {
+  gt::instance_tracker tracker(2);
+  grace::domain d(options(5ms));
+  d.retire(new gt::tracked(tracker, 0));
+  EXPECT_TRUE(gt::eventually([&] { return tracker.destroyed_count(0) == 1; }, 2s))
+      << "a single retired object was not reclaimed without barrier()";
+  // And again from another thread, after the engine has been idle.
+  std::thread([&] { d.retire(new gt::tracked(tracker, 1)); }).join();
+  EXPECT_TRUE(gt::eventually([&] { return tracker.destroyed_count(1) == 1; }, 2s));
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 2));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifetime accounting.
+
+TEST_P(DomainBatching, BarrierReclaimsObjectsRetiredByDeleters) {
+  constexpr std::size_t kChains = 64;
+  constexpr unsigned kDepth = 6;
+  gt::instance_tracker tracker(kChains * kDepth);
+  grace::domain d(options(kNoDrainTimer));
+  retire_chains(d, tracker, kChains, kDepth);
+  d.barrier();  // one call covers every level
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kChains * kDepth));
+  const grace::domain_stats s = d.stats();
+  EXPECT_EQ(s.retired, kChains * kDepth);
+  EXPECT_EQ(s.reclaimed, kChains * kDepth);
+}
+
+TEST(Domain, ObjectsRetiredByAThreadThatExitedAreReclaimedByBarrier) {
+  constexpr unsigned kThreads = 8;
+  constexpr std::size_t kPerThread = 3;  // far from filling a block
+  gt::instance_tracker tracker(kThreads * kPerThread);
+  grace::domain d({.drain_interval = kNoDrainTimer});
+  for (unsigned t = 0; t < kThreads; ++t) {
+    std::thread([&, t] {
+      for (std::size_t k = 0; k < kPerThread; ++k) {
+        if (t % 2 == 1) {
+          auto g = grace::pin();
+          d.retire(new gt::tracked(tracker, t * kPerThread + k));
+        } else {
+          d.retire(new gt::tracked(tracker, t * kPerThread + k));
+        }
+      }
+    }).join();
+  }
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kThreads * kPerThread));
+  EXPECT_EQ(d.stats().reclaimed, kThreads * kPerThread);
+}
+
+TEST(Domain, EveryObjectRetiredByManyThreadsIsReclaimedExactlyOnce) {
+  constexpr unsigned kThreads = 4;
+  const std::size_t per_thread = gt::iterations(50'000, 25'000);
+  gt::instance_tracker tracker(kThreads * per_thread);
+  grace::domain d({.drain_interval = 2ms});
+  gt::run_threads(kThreads, [&](unsigned t) {
+    for (std::size_t i = 0; i < per_thread; ++i) {
+      const std::size_t id = t * per_thread + i;
+      if (i % 3 == 0) {
+        auto g = d.pin();
+        d.retire(new gt::tracked(tracker, id));
+      } else if (i % 3 == 1) {
+        d.retire(new gt::tracked(tracker, id), &delete_tracked, sizeof(gt::tracked));
+      } else {
+        d.retire(new gt::tracked(tracker, id));
+      }
+    }
+  });
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kThreads * per_thread));
+  EXPECT_EQ(tracker.corrupt_destructions(), 0u);
+  const grace::domain_stats s = d.stats();
+  EXPECT_EQ(s.retired, kThreads * per_thread);
+  EXPECT_EQ(s.reclaimed, kThreads * per_thread);
+  EXPECT_EQ(s.pending_objects, 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocation failure: the emergency path.
+
+TEST_P(DomainBatching, RetireWithoutBlockMemoryReclaimsOnTheRetiringThread) {
+  gt::failing_allocator allocator;
+  allocator.fail_all(true);
+  grace::domain_options o = options(kNoDrainTimer);
+  o.allocator = allocator.get();
+  constexpr std::size_t kObjects = 32;
+  gt::instance_tracker tracker(kObjects);
+  {
+    grace::domain d(o);
+    t_deleted_on_this_thread = 0;
+    {
+      gt::watchdog dog(kNoDeadlock, "retire() with no block memory");
+      for (std::size_t i = 0; i < kObjects; ++i) {
+        d.retire(new gt::tracked(tracker, i), &delete_tracked_counting_thread,
+                 sizeof(gt::tracked));
+      }
+    }
+    EXPECT_EQ(t_deleted_on_this_thread, kObjects)
+        << "objects were not reclaimed by the retiring thread";
+    d.barrier();
+    EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+    const grace::domain_stats s = d.stats();
+    EXPECT_EQ(s.emergency_frees, kObjects);
+    EXPECT_EQ(s.reclaimed, kObjects);
+  }
+  EXPECT_GT(allocator.failures(), 0u);
+  EXPECT_EQ(allocator.live_allocations(), 0);
+}
+
+struct reader_watched {
+  gt::tracked payload;
+  const std::atomic<bool>* reader_leaving;
+  std::atomic<int>* reclaimed_early;
+};
+
+void reclaim_reader_watched(void* p) {
+  auto* object = static_cast<reader_watched*>(p);
+  // Acquire: pairs with the reader's Release store of `leaving` right before its guard ended.
+  if (!object->reader_leaving->load(std::memory_order_acquire)) {
+    object->reclaimed_early->fetch_add(1, std::memory_order_relaxed);  // Relaxed: a tally.
+  }
+  delete object;
+}
+
+TEST_P(DomainBatching, EmergencyReclaimWaitsForReadersThatPinnedBeforeTheRetire) {
+  gt::failing_allocator allocator;
+  allocator.fail_all(true);
+  grace::domain_options o = options(kNoDrainTimer);
+  o.allocator = allocator.get();
+  gt::instance_tracker tracker(1);
+  std::atomic<bool> inside{false};
+  std::atomic<bool> retiring{false};
+  std::atomic<bool> leaving{false};
+  std::atomic<int> reclaimed_early{0};
+  grace::domain d(o);
+  std::thread reader([&] {
+    auto g = grace::pin();
+    // Release: pairs with the Acquire spin below (only gates the sequence).
+    inside.store(true, std::memory_order_release);
+    // Acquire: pairs with the Release store of `retiring`.
+    while (!retiring.load(std::memory_order_acquire)) std::this_thread::yield();
+    std::this_thread::sleep_for(kHold);  // widen the window for an early reclaim
+    // Release: last act inside the section; pairs with the Acquire in the deleter.
+    leaving.store(true, std::memory_order_release);
+  });
+  // Acquire: pairs with the reader's Release store of `inside`.
+  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+  // Release: pairs with the reader's Acquire spin.
+  retiring.store(true, std::memory_order_release);
+  {
+    gt::watchdog dog(kNoDeadlock, "emergency retire() while a reader is inside");
+    d.retire(new reader_watched{{tracker, 0}, &leaving, &reclaimed_early},
+             &reclaim_reader_watched, sizeof(reader_watched));
+    d.barrier();
+  }
+  reader.join();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 1));
+  EXPECT_EQ(reclaimed_early.load(std::memory_order_relaxed), 0)  // Relaxed: after the join.
+      << "the emergency path reclaimed an object while an earlier reader was inside";
+  EXPECT_EQ(d.stats().emergency_frees, 1u);
+}
+
+TEST_P(DomainBatching, EmergencyReclaimInsideAReadSectionWaitsForTheOutermostGuardsEnd) {
+  gt::failing_allocator allocator;
+  allocator.fail_all(true);
+  grace::domain_options o = options(1ms);
+  o.allocator = allocator.get();
+  constexpr std::size_t kObjects = 16;
+  gt::instance_tracker tracker(kObjects);
+  grace::domain d(o);
+  t_deleted_on_this_thread = 0;
+  {
+    gt::watchdog dog(kNoDeadlock, "emergency retire() inside a read section");
+    {
+      auto outer = d.pin();
+      {
+        auto inner = grace::pin();
+        for (std::size_t i = 0; i < kObjects; ++i) {
+          d.retire(new gt::tracked(tracker, i), &delete_tracked_counting_thread,
+                   sizeof(gt::tracked));
+        }
+      }
+      std::this_thread::sleep_for(kHold);  // give a broken engine time to reclaim early
+      EXPECT_TRUE(tracker.none_destroyed(0, kObjects)) << "reclaimed inside the read section";
+    }
+    // The outermost guard's end ran the postponed emergency reclamation on this thread.
+    EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects))
+        << "the outermost guard's end did not reclaim the postponed objects";
+    EXPECT_EQ(t_deleted_on_this_thread, kObjects);
+    d.barrier();
+  }
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+  EXPECT_EQ(d.stats().emergency_frees, kObjects);
+  EXPECT_EQ(d.stats().reclaimed, kObjects);
+}
+
+TEST(Domain, BarrierWaitsForObjectsAnotherThreadRetiredWithoutMemoryInsideItsSection) {
+  gt::failing_allocator allocator;
+  allocator.fail_all(true);
+  gt::instance_tracker tracker(1);
+  grace::domain d({.drain_interval = kNoDrainTimer, .allocator = allocator.get()});
+  std::atomic<bool> retired{false};
+  std::atomic<bool> barrier_called{false};
+  std::atomic<bool> leaving{false};
+  std::thread retirer([&] {
+    auto g = d.pin();
+    d.retire(new gt::tracked(tracker, 0));  // postponed to this guard's end
+    // Release: pairs with the Acquire spin below (only gates the sequence).
+    retired.store(true, std::memory_order_release);
+    // Acquire: pairs with the Release store of `barrier_called`.
+    while (!barrier_called.load(std::memory_order_acquire)) std::this_thread::yield();
+    std::this_thread::sleep_for(kHold);  // widen the window for an early return
+    // Release: last act inside the section; pairs with the Acquire after barrier().
+    leaving.store(true, std::memory_order_release);
+  });
+  // Acquire: pairs with the retirer's Release store of `retired`.
+  while (!retired.load(std::memory_order_acquire)) std::this_thread::yield();
+  // Release: pairs with the retirer's Acquire spin.
+  barrier_called.store(true, std::memory_order_release);
+  {
+    gt::watchdog dog(kNoDeadlock, "barrier() while another thread owes an emergency reclaim");
+    d.barrier();
+  }
+  // Acquire: pairs with the retirer's Release store right before its section ended.
+  EXPECT_TRUE(leaving.load(std::memory_order_acquire));
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 1))
+      << "barrier() returned before an object retired before the call was reclaimed";
+  retirer.join();
+}
+
+TEST(Domain, BarrierReclaimsObjectsRetiredByDeletersRunAtAGuardsEnd) {
+  gt::failing_allocator allocator;
+  allocator.fail_all(true);
+  gt::instance_tracker tracker(2);
+  grace::domain d({.drain_interval = kNoDrainTimer, .allocator = allocator.get()});
+  std::atomic<bool> retired{false};
+  std::atomic<bool> barrier_called{false};
+  std::thread retirer([&] {
+    auto g = d.pin();
+    // No memory: postponed to this guard's end. Its deleter retires level 1 (id 1).
+    d.retire(new chain_link(d, tracker, 0, 0, 2), &reclaim_chain_link, sizeof(chain_link));
+    // Release: pairs with the Acquire spin below (only gates the sequence).
+    retired.store(true, std::memory_order_release);
+    // Acquire: pairs with the Release store of `barrier_called`.
+    while (!barrier_called.load(std::memory_order_acquire)) std::this_thread::yield();
+    std::this_thread::sleep_for(kHold);  // let barrier() get going
+    allocator.fail_all(false);  // the deleter's own retire() now gets a block
+  });
+  // Acquire: pairs with the retirer's Release store of `retired`.
+  while (!retired.load(std::memory_order_acquire)) std::this_thread::yield();
+  // Release: pairs with the retirer's Acquire spin.
+  barrier_called.store(true, std::memory_order_release);
+  {
+    gt::watchdog dog(kNoDeadlock, "barrier() while a chained emergency reclaim is owed");
+    d.barrier();
+  }
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 2))
+      << "barrier() missed an object retired meanwhile by a deleter run at a guard's end";
+  retirer.join();
+}
+
+TEST(Domain, AllocationFailuresMidStreamLoseNoObject) {
+  gt::failing_allocator allocator;
+  constexpr std::size_t kRounds = 12;
+  constexpr std::size_t kPerRound = 2 * kCapacity + 3;
+  gt::instance_tracker tracker(kRounds * kPerRound);
+  {
+    grace::domain d({.drain_interval = 2ms, .allocator = allocator.get()});
+    for (std::size_t round = 0; round < kRounds; ++round) {
+      switch (round % 3) {
+        case 0: allocator.fail_nth(1 + round % 4); break;
+        case 1: allocator.fail_all(true); break;
+        default: allocator.fail_all(false); break;
+      }
+      for (std::size_t i = 0; i < kPerRound; ++i) {
+        const std::size_t id = round * kPerRound + i;
+        if (i % 2 == 0) {
+          auto g = d.pin();
+          d.retire(new gt::tracked(tracker, id));
+        } else {
+          d.retire(new gt::tracked(tracker, id));
+        }
+      }
+    }
+    allocator.fail_all(false);
+    d.barrier();
+    EXPECT_TRUE(tracker.each_destroyed_once(0, kRounds * kPerRound));
+    const grace::domain_stats s = d.stats();
+    EXPECT_GT(s.emergency_frees, 0u);
+    EXPECT_EQ(s.reclaimed, kRounds * kPerRound);
+  }
+  EXPECT_GT(allocator.failures(), 0u);
+  EXPECT_EQ(allocator.live_allocations(), 0);
+  EXPECT_EQ(allocator.live_bytes(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concurrency.
+
+TEST(Domain, ConcurrentBarriersEachReclaimWhatTheirCallerRetired) {
+  constexpr unsigned kThreads = 8;
+  const std::size_t rounds = gt::iterations(100, 50);
+  constexpr std::size_t kPerRound = 50;
+  const std::size_t per_thread = rounds * kPerRound;
+  gt::instance_tracker tracker(kThreads * per_thread);
+  grace::domain d({.drain_interval = kNoDrainTimer});
+  std::atomic<int> failures{0};
+  gt::watchdog dog(kNoDeadlock * 2, "concurrent barrier() calls");
+  gt::run_threads(kThreads, [&](unsigned t) {
+    for (std::size_t round = 0; round < rounds; ++round) {
+      const std::size_t first = t * per_thread + round * kPerRound;
+      for (std::size_t i = 0; i < kPerRound; ++i) d.retire(new gt::tracked(tracker, first + i));
+      d.barrier();
+      const ::testing::AssertionResult reclaimed =
+          tracker.each_destroyed_once(first, first + kPerRound);
+      if (!reclaimed) {
+        failures.fetch_add(1, std::memory_order_relaxed);  // Relaxed: read after the joins.
+        ADD_FAILURE() << "thread " << t << " round " << round << ": " << reclaimed.message();
+        return;
+      }
+    }
+  });
+  EXPECT_EQ(failures.load(std::memory_order_relaxed), 0);  // Relaxed: after the joins.
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kThreads * per_thread));
+}
+
+TEST(Domain, SynchronizeReturnsOnlyAfterAReaderThatPinnedBeforeItHasLeft) {
+  grace::domain d;
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<bool> inside{false};
+    std::atomic<bool> synchronizing{false};
+    std::atomic<bool> leaving{false};
+    std::thread reader([&] {
+      auto g = grace::pin();
+      // Release: pairs with the Acquire spin below (only gates the sequence).
+      inside.store(true, std::memory_order_release);
+      // Acquire: pairs with the Release store of `synchronizing`.
+      while (!synchronizing.load(std::memory_order_acquire)) std::this_thread::yield();
+      std::this_thread::sleep_for(kHold);  // widen the window for an early return
+      // Release: last act inside the section; pairs with the Acquire after synchronize().
+      leaving.store(true, std::memory_order_release);
+    });
+    // Acquire: pairs with the reader's Release store of `inside`.
+    while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+    // Release: pairs with the reader's Acquire spin.
+    synchronizing.store(true, std::memory_order_release);
+    {
+      gt::watchdog dog(kNoDeadlock, "synchronize()");
+      d.synchronize();
+    }
+    // Acquire: pairs with the reader's Release store right before its section ended.
+    EXPECT_TRUE(leaving.load(std::memory_order_acquire))
+        << "round " << round << ": synchronize() returned while an earlier reader was inside";
+    reader.join();
+  }
+}
+
+TEST(Domain, ConcurrentSynchronizeCallsAllWaitForAnEarlierReader) {
+  grace::domain d;
+  constexpr unsigned kSynchronizers = 4;
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<bool> inside{false};
+    std::atomic<unsigned> synchronizing{0};
+    std::atomic<bool> leaving{false};
+    std::atomic<unsigned> early_returns{0};
+    std::thread reader([&] {
+      auto g = grace::pin();
+      // Release: pairs with the synchronizers' Acquire spin (only gates the sequence).
+      inside.store(true, std::memory_order_release);
+      // Acquire: pairs with each synchronizer's Release increment of `synchronizing`.
+      while (synchronizing.load(std::memory_order_acquire) != kSynchronizers) {
+        std::this_thread::yield();
+      }
+      std::this_thread::sleep_for(kHold);  // widen the window for an early return
+      // Release: last act inside the section; pairs with the Acquire after synchronize().
+      leaving.store(true, std::memory_order_release);
+    });
+    gt::watchdog dog(kNoDeadlock, "concurrent synchronize()");
+    gt::run_threads(kSynchronizers, [&](unsigned) {
+      // Acquire: pairs with the reader's Release store of `inside`.
+      while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+      // Release: pairs with the reader's Acquire spin.
+      synchronizing.fetch_add(1, std::memory_order_release);
+      d.synchronize();
+      // Acquire: pairs with the reader's Release store right before its section ended.
+      if (!leaving.load(std::memory_order_acquire)) {
+        early_returns.fetch_add(1, std::memory_order_relaxed);  // Relaxed: read after joins.
+      }
+    });
+    reader.join();
+    EXPECT_EQ(early_returns.load(std::memory_order_relaxed), 0u)  // Relaxed: after joins.
+        << "round " << round << ": synchronize() returned while an earlier reader was inside";
+  }
+  // Many concurrent calls with readers coming and going all return.
+  const std::size_t calls = gt::iterations(1'000, 500);
+  gt::run_threads(kSynchronizers + 2, [&](unsigned t) {
+    for (std::size_t i = 0; i < calls; ++i) {
+      if (t < kSynchronizers) {
+        d.synchronize();
+      } else {
+        auto g = grace::pin();
+        std::this_thread::yield();
+      }
+    }
+  });
+}
+
+TEST(Domain, RetirePastTheHardLimitInsideAReadSectionReturnsAndWaitsAtTheGuardsEnd) {
+  constexpr std::size_t kSoft = 1024;
+  constexpr std::size_t kHard = 4096;
+  constexpr std::size_t kObjects = 4 * kHard;
+  gt::instance_tracker tracker(kObjects);
+  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
+                   .hard_limit_objects = kHard});
+  {
+    gt::watchdog dog(kNoDeadlock, "retire() past the hard limit inside a read section");
+    {
+      auto g = d.pin();
+      for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
+      // The grace period these objects need waits for this thread: none can be reclaimed.
+      EXPECT_TRUE(tracker.none_destroyed(0, kObjects));
+      EXPECT_GT(d.stats().pending_objects, kHard) << "the backlog never passed the hard limit";
+    }
+    // The outermost guard's end ran the postponed back-pressure wait: the backlog is back
+    // under the hard limit. (Nothing else retires, so pending only falls from here.)
+    EXPECT_LE(d.stats().pending_objects, kHard);
+  }
+  EXPECT_GE(d.stats().forced_drains, 1u);
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+}
+
+TEST(Domain, RetirePastTheHardLimitWaitsUntilTheBacklogDrains) {
+  constexpr std::size_t kSoft = 1024;
+  constexpr std::size_t kHard = 4096;
+  constexpr std::size_t kObjects = 4 * kHard;
+  gt::instance_tracker tracker(kObjects);
+  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
+                   .hard_limit_objects = kHard});
+  std::atomic<bool> inside{false};
+  std::atomic<bool> retiring{false};
+  std::atomic<bool> leaving{false};
+  // While this reader is inside, nothing retired after it pinned can be reclaimed, so the
+  // backlog cannot fall: a retiring thread past the hard limit must wait for it to leave.
+  std::thread reader([&] {
+    auto g = grace::pin();
+    // Release: pairs with the Acquire spin below (only gates the sequence).
+    inside.store(true, std::memory_order_release);
+    // Acquire: pairs with the Release store of `retiring`.
+    while (!retiring.load(std::memory_order_acquire)) std::this_thread::yield();
+    std::this_thread::sleep_for(2 * kHold);  // the retiring loop reaches the limit meanwhile
+    // Release: last act inside the section; pairs with the Acquire after the retire loop.
+    leaving.store(true, std::memory_order_release);
+  });
+  // Acquire: pairs with the reader's Release store of `inside`.
+  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+  // Release: pairs with the reader's Acquire spin.
+  retiring.store(true, std::memory_order_release);
+  {
+    gt::watchdog dog(kNoDeadlock, "retire() past the hard limit");
+    for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
+  }
+  // Acquire: pairs with the reader's Release store right before its section ended.
+  EXPECT_TRUE(leaving.load(std::memory_order_acquire))
+      << "retired 4x the hard limit without waiting while the backlog could not drain";
+  reader.join();
+  const grace::domain_stats s = d.stats();
+  EXPECT_GE(s.backpressure_waits, 1u);
+  EXPECT_GE(s.forced_drains, 1u);
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+}
+
+}  // namespace

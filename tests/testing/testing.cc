@@ -1,0 +1,218 @@
+#include "tests/testing/testing.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <utility>
+
+namespace grace::testing {
+
+std::size_t iterations(std::size_t plain) noexcept {
+  const std::size_t n = kSanitized ? plain / kSanitizerDivisor : plain;
+  return std::max<std::size_t>(n, 1);
+}
+
+std::size_t iterations(std::size_t plain, std::size_t sanitized) noexcept {
+  return std::max<std::size_t>(kSanitized ? sanitized : plain, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+watchdog::watchdog(std::chrono::milliseconds timeout, std::string what) : what_(std::move(what)) {
+  thread_ = std::thread([this, timeout] {
+    std::unique_lock lock(mutex_);
+    if (!done_cv_.wait_for(lock, timeout, [this] { return done_; })) {
+      std::fprintf(stderr, "watchdog: '%s' did not finish within %lld ms (deadlock?)\n",
+                   what_.c_str(), static_cast<long long>(timeout.count()));
+      std::fflush(stderr);
+      std::abort();
+    }
+  });
+}
+
+watchdog::~watchdog() {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  done_cv_.notify_one();
+  thread_.join();
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return condition();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+grace::system_allocator failing_allocator::get() noexcept {
+  grace::system_allocator allocator;
+  allocator.allocate = &failing_allocator::allocate;
+  allocator.deallocate = &failing_allocator::deallocate;
+  allocator.context = this;
+  return allocator;
+}
+
+void failing_allocator::fail_all(bool on) noexcept {
+  // Relaxed: a test switch; the test orders it against its retire() calls by program order
+  // or by its own thread synchronization.
+  fail_all_.store(on, std::memory_order_relaxed);
+}
+
+void failing_allocator::fail_nth(std::uint64_t n) noexcept {
+  // Relaxed (both): counters compared by value; which concurrent attempt is "n-th" is
+  // arbitrary anyway.
+  const std::uint64_t now = attempts_.load(std::memory_order_relaxed);
+  fail_at_.store(n == 0 ? 0 : now + n, std::memory_order_relaxed);
+}
+
+std::uint64_t failing_allocator::attempts() const noexcept {
+  return attempts_.load(std::memory_order_relaxed);  // Relaxed: a statistic.
+}
+std::uint64_t failing_allocator::failures() const noexcept {
+  return failures_.load(std::memory_order_relaxed);  // Relaxed: a statistic.
+}
+std::int64_t failing_allocator::live_allocations() const noexcept {
+  return live_allocations_.load(std::memory_order_relaxed);  // Relaxed: read after joins.
+}
+std::int64_t failing_allocator::live_bytes() const noexcept {
+  return live_bytes_.load(std::memory_order_relaxed);  // Relaxed: read after joins.
+}
+
+void* failing_allocator::allocate(std::size_t bytes, std::size_t alignment,
+                                  void* context) noexcept {
+  auto* self = static_cast<failing_allocator*>(context);
+  // Relaxed (all counters here): each is an independent tally; nothing is published.
+  const std::uint64_t attempt = self->attempts_.fetch_add(1, std::memory_order_relaxed) + 1;
+  bool fail = self->fail_all_.load(std::memory_order_relaxed);
+  if (!fail && attempt == self->fail_at_.load(std::memory_order_relaxed)) {
+    std::uint64_t expected = attempt;
+    fail = self->fail_at_.compare_exchange_strong(expected, 0, std::memory_order_relaxed);
+  }
+  if (fail) {
+    self->failures_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  void* memory = nullptr;
+  if (alignment <= alignof(std::max_align_t)) {
+    memory = std::malloc(bytes);
+  } else if (::posix_memalign(&memory, alignment, bytes) != 0) {
+    memory = nullptr;
+  }
+  if (memory == nullptr) return nullptr;
+  self->live_allocations_.fetch_add(1, std::memory_order_relaxed);
+  self->live_bytes_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+  return memory;
+}
+
+void failing_allocator::deallocate(void* memory, std::size_t bytes, void* context) noexcept {
+  auto* self = static_cast<failing_allocator*>(context);
+  if (memory == nullptr) return;
+  // Relaxed: tallies, read by the test after the domain is destroyed.
+  self->live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+  self->live_bytes_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+  std::free(memory);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+instance_tracker::instance_tracker(std::size_t ids)
+    : ids_(ids), per_id_(new std::atomic<std::uint32_t>[ids]()) {}
+
+// Relaxed (all tallies in this class): every reader of them first synchronizes with the
+// destroying threads through the API under test (barrier(), a join, or an acquire of its
+// own); that ordering is exactly what the tests check.
+std::uint64_t instance_tracker::constructed() const noexcept {
+  return constructed_.load(std::memory_order_relaxed);
+}
+std::uint64_t instance_tracker::destroyed() const noexcept {
+  return destroyed_.load(std::memory_order_relaxed);
+}
+std::int64_t instance_tracker::live() const noexcept {
+  return static_cast<std::int64_t>(constructed()) - static_cast<std::int64_t>(destroyed());
+}
+std::uint64_t instance_tracker::corrupt_destructions() const noexcept {
+  return corrupt_.load(std::memory_order_relaxed);
+}
+std::uint32_t instance_tracker::destroyed_count(std::size_t id) const noexcept {
+  return id < ids_ ? per_id_[id].load(std::memory_order_relaxed) : 0;
+}
+
+::testing::AssertionResult instance_tracker::each_destroyed_once(std::size_t first,
+                                                                 std::size_t last) const {
+  std::size_t wrong = 0;
+  std::size_t first_wrong = 0;
+  std::uint32_t first_wrong_count = 0;
+  for (std::size_t id = first; id < last && id < ids_; ++id) {
+    const std::uint32_t count = destroyed_count(id);
+    if (count != 1) {
+      if (wrong++ == 0) {
+        first_wrong = id;
+        first_wrong_count = count;
+      }
+    }
+  }
+  if (last > ids_) {
+    return ::testing::AssertionFailure() << "ids [" << first << ", " << last
+                                         << ") exceed the tracker's " << ids_ << " ids";
+  }
+  if (wrong == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << wrong << " of ids [" << first << ", " << last
+         << ") were not destroyed exactly once; the first is id " << first_wrong
+         << ", destroyed " << first_wrong_count << " times";
+}
+
+::testing::AssertionResult instance_tracker::none_destroyed(std::size_t first,
+                                                            std::size_t last) const {
+  for (std::size_t id = first; id < last && id < ids_; ++id) {
+    if (const std::uint32_t count = destroyed_count(id); count != 0) {
+      return ::testing::AssertionFailure()
+             << "id " << id << " was already destroyed (" << count << " times)";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+void instance_tracker::on_construct() noexcept {
+  constructed_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void instance_tracker::on_destroy(std::size_t id, bool canary_intact) noexcept {
+  if (!canary_intact) corrupt_.fetch_add(1, std::memory_order_relaxed);
+  if (id < ids_) per_id_[id].fetch_add(1, std::memory_order_relaxed);
+  destroyed_.fetch_add(1, std::memory_order_relaxed);
+}
+
+tracked::tracked(instance_tracker& tracker, std::size_t id) noexcept
+    : tracker_(&tracker), id_(id) {
+  tracker_->on_construct();
+}
+
+tracked::~tracked() {
+  const bool was_intact = intact();
+  // Relaxed: poison for readers that (wrongly) still hold the object; see intact().
+  canary_.store(kPoison, std::memory_order_relaxed);
+  tracker_->on_destroy(id_, was_intact);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::size_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t size_pages = 0;
+  std::size_t resident_pages = 0;
+  if (!(statm >> size_pages >> resident_pages)) return 0;
+  return resident_pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace grace::testing

@@ -1,0 +1,239 @@
+// Test helpers shared by every grace suite (test-only; never linked into the library).
+//
+//   namespace gt = grace::testing;
+//   gt::run_threads(4, [&](unsigned index) { ... });      // released together
+//   const std::size_t n = gt::iterations(100'000);         // smaller under sanitizers
+//   gt::instance_tracker tracker(n);
+//   d.retire(new gt::tracked(tracker, id));
+//   d.barrier();
+//   EXPECT_TRUE(tracker.each_destroyed_once(0, n));
+//
+// What is here:
+//   - iterations(): an iteration budget, divided under sanitizers.
+//   - start_barrier, run_threads(): release worker threads at the same instant.
+//   - watchdog: aborts the test binary with a message if a scope does not finish in time
+//     (turns a deadlock into a failure that names what hung).
+//   - eventually(): polls a condition until it holds or a timeout passes.
+//   - failing_allocator: a grace::system_allocator that fails the Nth allocation, or every
+//     allocation while a flag is set, and counts what is live.
+//   - instance_tracker and tracked: objects with a canary that count their destruction per id.
+//   - current_rss_bytes(): resident set size from /proc/self/statm.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grace/reclaim/system_allocator.h"
+
+// GRACE_TESTING_SANITIZED is 1 under AddressSanitizer, ThreadSanitizer or MemorySanitizer
+// (GCC defines __SANITIZE_*__; Clang answers __has_feature).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define GRACE_TESTING_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define GRACE_TESTING_SANITIZED 1
+#endif
+#endif
+#ifndef GRACE_TESTING_SANITIZED
+#define GRACE_TESTING_SANITIZED 0
+#endif
+
+namespace grace::testing {
+
+// ---------------------------------------------------------------------------------------------
+// Iteration budgets.
+
+inline constexpr bool kSanitized = GRACE_TESTING_SANITIZED != 0;
+// Sanitized builds run this many times fewer iterations (they are 3-10x slower per operation,
+// and a 2-core CI machine must finish the asan preset in minutes).
+inline constexpr std::size_t kSanitizerDivisor = 8;
+
+// `plain` in a plain build, plain / kSanitizerDivisor under sanitizers; never below 1.
+std::size_t iterations(std::size_t plain) noexcept;
+// `plain` in a plain build, `sanitized` under sanitizers; never below 1. For loops whose
+// every iteration a sanitizer checks for something the plain build cannot see (a
+// use-after-free of a reclaimed object), where a smaller cut buys more coverage.
+std::size_t iterations(std::size_t plain, std::size_t sanitized) noexcept;
+
+// ---------------------------------------------------------------------------------------------
+// Starting threads together.
+
+// Every participant blocks in arrive_and_wait() until all `parties` have arrived, so the
+// threads' work overlaps instead of running one after another as they are created.
+class start_barrier {
+ public:
+  explicit start_barrier(std::ptrdiff_t parties) : latch_(parties) {}
+  start_barrier(const start_barrier&) = delete;
+  start_barrier& operator=(const start_barrier&) = delete;
+
+  void arrive_and_wait() noexcept { latch_.arrive_and_wait(); }
+
+ private:
+  std::latch latch_;
+};
+
+// Runs fn(0) ... fn(count - 1) on `count` new threads released together by a start_barrier,
+// and joins them all.
+template <class Fn>
+void run_threads(unsigned count, Fn fn) {
+  start_barrier start(count);
+  std::vector<std::thread> threads;
+  threads.reserve(count);
+  for (unsigned i = 0; i < count; ++i) {
+    threads.emplace_back([&start, &fn, i] {
+      start.arrive_and_wait();
+      fn(i);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deadlocks and polling.
+
+// Aborts the process (naming `what`) unless it is destroyed within `timeout`. A test that
+// could deadlock creates one around the call that must return:
+//   { gt::watchdog dog(20s, "retire() past the hard limit inside a read section");
+//     ... }
+class watchdog {
+ public:
+  watchdog(std::chrono::milliseconds timeout, std::string what);
+  ~watchdog();
+  watchdog(const watchdog&) = delete;
+  watchdog& operator=(const watchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::string what_;
+  std::thread thread_;
+};
+
+// Polls `condition` (every ~1 ms) until it returns true or `timeout` passes; returns its last
+// value. For conditions that must come true eventually, not for ordering.
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
+
+// ---------------------------------------------------------------------------------------------
+// A system_allocator that fails on demand.
+
+// Hands out malloc (or posix_memalign) memory through grace::system_allocator and fails
+// allocations when asked: the Nth allocation (once), or every allocation while
+// fail_all(true) is in force. Counts attempts, failures and what is live, so a test can also
+// check that every block was returned with the size it was allocated with. Thread-safe; must
+// outlive every user of get().
+class failing_allocator {
+ public:
+  failing_allocator() = default;
+  failing_allocator(const failing_allocator&) = delete;
+  failing_allocator& operator=(const failing_allocator&) = delete;
+
+  // The allocator to put in options (its context points at *this).
+  grace::system_allocator get() noexcept;
+
+  // While on, every allocation returns nullptr.
+  void fail_all(bool on) noexcept;
+  // The n-th allocation attempt from now (n >= 1) fails, once. n == 0 cancels.
+  void fail_nth(std::uint64_t n) noexcept;
+
+  std::uint64_t attempts() const noexcept;
+  std::uint64_t failures() const noexcept;
+  // Allocations not yet deallocated, and the bytes they were asked for.
+  std::int64_t live_allocations() const noexcept;
+  std::int64_t live_bytes() const noexcept;
+
+ private:
+  static void* allocate(std::size_t bytes, std::size_t alignment, void* context) noexcept;
+  static void deallocate(void* memory, std::size_t bytes, void* context) noexcept;
+
+  std::atomic<bool> fail_all_{false};
+  std::atomic<std::uint64_t> fail_at_{0};  // attempt number that fails; 0 = none
+  std::atomic<std::uint64_t> attempts_{0};
+  std::atomic<std::uint64_t> failures_{0};
+  std::atomic<std::int64_t> live_allocations_{0};
+  std::atomic<std::int64_t> live_bytes_{0};
+};
+
+// ---------------------------------------------------------------------------------------------
+// Instance tracking.
+
+// Counts constructions and destructions of `tracked` objects, per id in [0, ids) and in
+// total, and destructions that found the canary already poisoned (a second destruction).
+class instance_tracker {
+ public:
+  explicit instance_tracker(std::size_t ids = 0);
+  instance_tracker(const instance_tracker&) = delete;
+  instance_tracker& operator=(const instance_tracker&) = delete;
+
+  std::uint64_t constructed() const noexcept;
+  std::uint64_t destroyed() const noexcept;
+  std::int64_t live() const noexcept;
+  // Destructions that found a poisoned or corrupt canary.
+  std::uint64_t corrupt_destructions() const noexcept;
+  // How many times the object with this id was destroyed (id < ids).
+  std::uint32_t destroyed_count(std::size_t id) const noexcept;
+
+  // Success iff every id in [first, last) was destroyed exactly once (names the first that
+  // was not, and how many are off).
+  ::testing::AssertionResult each_destroyed_once(std::size_t first, std::size_t last) const;
+  // Success iff no id in [first, last) has been destroyed yet.
+  ::testing::AssertionResult none_destroyed(std::size_t first, std::size_t last) const;
+
+ private:
+  friend class tracked;
+  void on_construct() noexcept;
+  void on_destroy(std::size_t id, bool canary_intact) noexcept;
+
+  std::size_t ids_;
+  std::unique_ptr<std::atomic<std::uint32_t>[]> per_id_;
+  std::atomic<std::uint64_t> constructed_{0};
+  std::atomic<std::uint64_t> destroyed_{0};
+  std::atomic<std::uint64_t> corrupt_{0};
+};
+
+// An object with a canary. The destructor checks the canary, overwrites it with a poison
+// value (so a reader that still holds the object sees it was reclaimed), and tells the
+// tracker. Readers call intact() concurrently with nothing but other readers.
+class tracked {
+ public:
+  static constexpr std::uint64_t kAlive = 0x600dc0de600dc0deULL;
+  static constexpr std::uint64_t kPoison = 0xdeadbeefdeadbeefULL;
+
+  tracked(instance_tracker& tracker, std::size_t id) noexcept;
+  ~tracked();
+  tracked(const tracked&) = delete;
+  tracked& operator=(const tracked&) = delete;
+
+  std::size_t id() const noexcept { return id_; }
+  // True while the object has not been destroyed.
+  bool intact() const noexcept {
+    // Relaxed: a canary, compared by value only; an early reclaim is what the test detects.
+    return canary_.load(std::memory_order_relaxed) == kAlive;
+  }
+
+ private:
+  std::atomic<std::uint64_t> canary_{kAlive};
+  instance_tracker* tracker_;
+  std::size_t id_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Memory.
+
+// The process's resident set size now, in bytes (/proc/self/statm); 0 if unreadable.
+std::size_t current_rss_bytes();
+
+}  // namespace grace::testing
