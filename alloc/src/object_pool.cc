@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace grace::detail {
 
@@ -60,6 +61,7 @@ struct pool_core {
   std::atomic<chunk_record*> records{nullptr};       // push-only
   std::atomic<chunk_record*> free_records{nullptr};  // push-chain / take-all: no ABA
   std::atomic<bool> trim_scheduled{false};
+  std::atomic<bool> trim_running{false};
   std::atomic<bool> destroying{false};
   std::atomic<bool> forget_allocated{false};
   // Relaxed: the trim pass compares it between passes to tell whether the depot is in use.
@@ -76,6 +78,7 @@ struct pool_core {
   std::atomic<std::uint64_t> chunks{0};
   std::atomic<std::uint64_t> returned{0};
   std::atomic<std::uint64_t> unheld_allocations{0};
+  std::atomic<std::uint64_t> fresh_unheld{0};
   std::atomic<std::uint64_t> unheld_deallocations{0};
 
   pool_core(object_pool& owner, std::size_t object_stride, std::size_t offset,
@@ -298,6 +301,57 @@ struct pool_core {
     }
   }
 
+  // The fallback of a thread that found every cache held: one object from a ready magazine
+  // in the depot, whose rest goes back (P4). nullptr if none.
+  void* allocate_from_depot() noexcept {
+    for (unsigned i = 0; i < depot_slots; ++i) {
+      if (depot[i].load(std::memory_order_relaxed) == nullptr) continue;
+      // Acquire (A4): own the magazine; pairs with (A3).
+      magazine* m = depot[i].exchange(nullptr, std::memory_order_acquire);
+      if (m == nullptr) continue;
+      if (!m->ready && !reclamation.gp_elapsed(m->gp_cookie)) {
+        if (!to_depot(m)) reclamation.retire(m, &pool_core::release_waiting_magazine);
+        continue;
+      }
+      m->ready = true;
+      void* object = m->objects()[--m->count];
+      if (m->count == 0) {
+        free_magazine(m);
+      } else if (!to_depot(m)) {
+        release_objects(m);
+        free_magazine(m);
+      }
+      return object;
+    }
+    return nullptr;
+  }
+
+  // The last fallback: a chunk of its own. One object goes to the caller and a magazine's
+  // worth into the depot for the next such thread; the rest is released at once (P5).
+  void* allocate_from_fresh_chunk() {
+    chunk* c = new_chunk();
+    if (c == nullptr) throw std::bad_alloc();
+    std::uint32_t used = 1;
+    void* memory = allocator().allocate(magazine::bytes_for(batch), alignof(magazine),
+                                        allocator().context);
+    if (memory != nullptr) {
+      auto* m = new (memory) magazine(batch);
+      m->ready = true;
+      while (m->count < batch && used < c->capacity) {
+        void* spare = object_at(c, used++);
+        asan_poison(spare, pool.object_size_);
+        m->objects()[m->count++] = spare;
+      }
+      if (!to_depot(m)) {
+        used = 1;
+        free_magazine(m);
+      }
+    }
+    fresh_unheld.fetch_add(used, std::memory_order_relaxed);
+    release_to_chunk(c, c->capacity - used);
+    return object_at(c, 0);
+  }
+
   // Cuts fresh objects into the (empty) loaded magazine; false if none could be had.
   bool refill_fresh(pool_cache& cache) noexcept {
     if (cache.loaded == nullptr) {
@@ -375,7 +429,7 @@ struct pool_core {
         trim_scheduled.exchange(true, std::memory_order_relaxed)) {
       return;
     }
-    reclamation.retire(this, &pool_core::trim_pass);
+    reclamation.defer_housekeeping(&pool_core::trim_pass, this);
   }
 
   // With no memory for a retire block, retire() runs the pass synchronously, on this thread;
@@ -384,14 +438,17 @@ struct pool_core {
 
   static void trim_pass(void* pointer) noexcept {
     auto* core = static_cast<pool_core*>(pointer);
-    // Relaxed: see schedule_trim().
-    core->trim_scheduled.store(false, std::memory_order_relaxed);
-    // Relaxed: the destructor stores it before its barrier(); a pass that runs after the
-    // barrier's flush is ordered after the store by the pipeline's Release/Acquire chain.
-    if (core->destroying.load(std::memory_order_relaxed) || tls_in_trim_pass) return;
-    tls_in_trim_pass = true;
-    core->trim(std::chrono::steady_clock::now());
-    tls_in_trim_pass = false;
+    // SeqCst: a Dekker pair with the destructor's destroying store and its loads of these
+    // flags: either this pass sees destroying, or the destructor sees it running.
+    core->trim_running.store(true, std::memory_order_seq_cst);
+    core->trim_scheduled.store(false, std::memory_order_seq_cst);
+    if (!core->destroying.load(std::memory_order_seq_cst) && !tls_in_trim_pass) {
+      tls_in_trim_pass = true;
+      core->trim(std::chrono::steady_clock::now());
+      tls_in_trim_pass = false;
+    }
+    // Release: the pass's last touch of the pool; pairs with the destructor's Acquire load.
+    core->trim_running.store(false, std::memory_order_release);
   }
 
   void trim(std::chrono::steady_clock::time_point now) noexcept {
@@ -520,11 +577,16 @@ object_pool::~object_pool() {
   detail::pool_core& core = *core_;
   // Objects still waiting may be in use by readers that began before their deallocate():
   // wait for them once, and for every retire() the pool made (shed magazines, trim passes).
-  // Relaxed: passes that run after barrier()'s flush see it through the pipeline's
-  // Release/Acquire chain; earlier ones may reschedule, which barrier() then waits for.
-  core.destroying.store(true, std::memory_order_relaxed);
+  // SeqCst: see trim_pass(); from here on no pass trims or reschedules.
+  core.destroying.store(true, std::memory_order_seq_cst);
   domain_.synchronize();
   domain_.barrier();
+  // A pass that was already running may have rescheduled itself (defer_housekeeping() is
+  // not chased by barrier()): wait for it too. Acquire: pairs with the pass's Release store.
+  while (core.trim_scheduled.load(std::memory_order_seq_cst) ||
+         core.trim_running.load(std::memory_order_acquire)) {
+    domain_.barrier();
+  }
   auto release_all = [&](detail::pool_cache& cache, detail::magazine* m) {
     core.release_objects(m);
     core.free_magazine(m);
@@ -646,7 +708,10 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
 }
 
 void* object_pool::allocate_contended_slow(unsigned home) {
-  for (unsigned i = 1; i <= cache_mask_; ++i) {
+  // The holder is most often a thread preempted inside its few instructions of hold: let it
+  // run once, then look at every cache, home first.
+  std::this_thread::yield();
+  for (unsigned i = 0; i <= cache_mask_; ++i) {
     detail::pool_cache& cache = caches_[(home + i) & cache_mask_];
     // Acquire (A1): pairs with (A2).
     if (cache.held.exchange(true, std::memory_order_acquire)) continue;
@@ -658,14 +723,15 @@ void* object_pool::allocate_contended_slow(unsigned home) {
     detail::asan_unpoison(object, object_size_);
     return object;
   }
-  // Every cache is held (their holders were preempted): never wait for them. A chunk of our
-  // own serves this one object; its other objects are released at once (P5).
+  // Every cache is held (their holders were preempted, or more threads than CPUs are busy):
+  // never wait for them.
   detail::pool_core& core = *core_;
-  detail::chunk* c = core.new_chunk();
-  if (c == nullptr) throw std::bad_alloc();
-  core.release_to_chunk(c, c->capacity - 1);
   core.unheld_allocations.fetch_add(1, std::memory_order_relaxed);
-  return core.object_at(c, 0);
+  if (void* object = core.allocate_from_depot()) {
+    detail::asan_unpoison(object, object_size_);
+    return object;
+  }
+  return core.allocate_from_fresh_chunk();
 }
 
 void object_pool::deallocate_contended_slow(unsigned home, void* object) noexcept {
@@ -777,7 +843,7 @@ pool_stats object_pool::stats() const noexcept {
     s.waiting_for_gp += cache.waiting_gauge.load(std::memory_order_relaxed);
   }
   s.allocated += core.unheld_allocations.load(std::memory_order_relaxed);
-  s.fresh += core.unheld_allocations.load(std::memory_order_relaxed);
+  s.fresh += core.fresh_unheld.load(std::memory_order_relaxed);
   s.deallocated += core.unheld_deallocations.load(std::memory_order_relaxed);
   s.returned_to_system = core.returned.load(std::memory_order_relaxed);
   s.held_bytes = core.held_bytes.load(std::memory_order_relaxed);

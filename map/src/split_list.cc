@@ -189,21 +189,28 @@ void split_list::shrink_to(unsigned target) noexcept {
   }
 }
 
-void split_list::consider_resize_slow() noexcept {
+void split_list::consider_resize_slow(bool after_insert) noexcept {
   // Acquire: the previous resizer's levels and size; pairs with the Release store below.
   if (resizing_.exchange(true, std::memory_order_acquire)) return;  // one resizer at a time
-  const double elements = static_cast<double>(size());
+  const std::size_t count = size();
+  const double elements = static_cast<double>(count);
+  std::size_t reserved = reserved_elements_.load(std::memory_order_relaxed);
+  // Relaxed: see reserved_elements_. The reservation has served its purpose once reached.
+  if (reserved != 0 && count >= reserved) {
+    reserved_elements_.compare_exchange_strong(reserved, 0, std::memory_order_relaxed);
+  }
   // Relaxed: we are the only resizer.
   const unsigned current = size_log2_.load(std::memory_order_relaxed);
   const double buckets = std::ldexp(1.0, static_cast<int>(current));
   if (elements > buckets * config_.grow_load_factor && current < max_log2_) {
     const auto wanted = static_cast<std::size_t>(elements / config_.grow_load_factor) + 1;
     grow_to(std::min(max_log2_, log2_ceil(wanted)));
-  } else if (elements < buckets * config_.shrink_load_factor && current > min_log2_ &&
+  } else if (const unsigned floor = after_insert ? floor_log2() : min_log2_;
+             elements < buckets * config_.shrink_load_factor && current > floor &&
              !in_read_section()) {
     // Hysteresis: shrink to half the grow load factor, not to the edge of growing again.
     const auto wanted = static_cast<std::size_t>(2.0 * elements / config_.grow_load_factor) + 1;
-    shrink_to(std::max(min_log2_, log2_ceil(wanted)));
+    shrink_to(std::max(floor, log2_ceil(wanted)));
   }
   // Release: pairs with the Acquire exchange of the next resizer.
   resizing_.store(false, std::memory_order_release);
@@ -213,6 +220,11 @@ void split_list::reserve(std::size_t elements) {
   const auto wanted = static_cast<std::size_t>(
       std::ceil(static_cast<double>(elements) / config_.grow_load_factor));
   const unsigned target = std::min(max_log2_, log2_ceil(wanted));
+  // Relaxed: a floor the resizer reads; a shrink racing with this call may still run once.
+  std::size_t reserved = reserved_elements_.load(std::memory_order_relaxed);
+  while (reserved < elements &&
+         !reserved_elements_.compare_exchange_weak(reserved, elements, std::memory_order_relaxed)) {
+  }
   // Acquire: as in consider_resize_slow(). Outside a read section reserve() waits its turn;
   // inside one it must not (a shrink holding the turn waits for this very read section), so
   // there it only tries.
@@ -224,6 +236,15 @@ void split_list::reserve(std::size_t elements) {
   // Release: as in consider_resize_slow().
   resizing_.store(false, std::memory_order_release);
   if (!grown) throw std::bad_alloc();
+}
+
+unsigned split_list::floor_log2() const noexcept {
+  // Relaxed: see reserved_elements_.
+  const std::size_t reserved = reserved_elements_.load(std::memory_order_relaxed);
+  if (reserved == 0) return min_log2_;
+  const auto wanted = static_cast<std::size_t>(
+      std::ceil(static_cast<double>(reserved) / config_.grow_load_factor));
+  return std::clamp(log2_ceil(wanted), min_log2_, max_log2_);
 }
 
 void split_list::unlink_slow(list_node* start, list_node* node) noexcept {

@@ -46,7 +46,8 @@
 namespace grace {
 
 struct hash_map_options {
-  // Buckets at construction; rounded up to a power of two, clamped to [min, max].
+  // Buckets at construction, rounded up to a power of two and clamped to [min, max]; min and
+  // max are rounded up to powers of two as well.
   std::size_t initial_buckets = 64;
   std::size_t min_buckets = 64;
   std::size_t max_buckets = std::size_t{1} << 30;
@@ -166,7 +167,7 @@ class hash_map {
       detail::list_node* start = list_.bucket_of(hash);
       if (lookup_from(start, key, detail::element_so_key(hash)) != nullptr) return false;
       node* fresh = make_node(hash, key, std::forward<Args>(args)...);
-      inserted = link_new(start, fresh, key);
+      inserted = discard_on_throw(fresh, [&] { return link_new(start, fresh, key); });
       if (!inserted) discard(fresh);
     }
     if (inserted) list_.count(+1, hash);
@@ -180,8 +181,9 @@ class hash_map {
     {
       auto guard = pin_reader();
       node* fresh = make_node(hash, key, std::move(value));
-      inserted = upsert(list_.bucket_of(hash), fresh, key, /*may_insert=*/true) ==
-                 upsert_result::inserted;
+      inserted = discard_on_throw(fresh, [&] {
+        return upsert(list_.bucket_of(hash), fresh, key, /*may_insert=*/true);
+      }) == upsert_result::inserted;
     }
     if (inserted) list_.count(+1, hash);
     return inserted;
@@ -194,7 +196,9 @@ class hash_map {
     detail::list_node* start = list_.bucket_of(hash);
     if (lookup_from(start, key, detail::element_so_key(hash)) == nullptr) return false;
     node* fresh = make_node(hash, key, std::move(value));
-    return upsert(start, fresh, key, /*may_insert=*/false) == upsert_result::replaced;
+    return discard_on_throw(fresh, [&] {
+             return upsert(start, fresh, key, /*may_insert=*/false);
+           }) == upsert_result::replaced;
   }
 
   // Atomically replaces the value with f(old); f may run again if another update wins the
@@ -244,14 +248,19 @@ class hash_map {
   // Exact when no update is in flight.
   std::size_t size() const noexcept { return list_.size(); }
   bool empty() const noexcept { return size() == 0; }
-  // Grows the table so `n` elements fit under the grow load factor. Inside a read section it
-  // is best effort: it skips if another resize is running (waiting could deadlock).
+  // Grows the table so `n` elements fit under the grow load factor, and keeps inserts from
+  // shrinking it below that until the map first holds n elements (or clear()), so n inserts
+  // never resize; erasing still shrinks it. Inside a read section it is best effort: it skips if another resize is
+  // running (waiting could deadlock).
   void reserve(std::size_t n) { list_.reserve(n); }
 
   // Erases every element. Concurrent updates may leave elements inserted meanwhile. Outside
   // a read section it then waits once (domain::barrier()) so that erased elements with
   // non-trivial destructors have been destroyed when it returns.
-  void clear() { release_all(/*destroying=*/false); }
+  void clear() {
+    list_.drop_reservation();
+    release_all(/*destroying=*/false);
+  }
 
   // Calls f(const Key&, const Value&) for every element, in no particular order, inside one
   // read section: every element present for the whole call is visited exactly once, even
@@ -317,6 +326,17 @@ class hash_map {
   void discard(node* n) noexcept {
     n->~node();
     pool_.deallocate(n);
+  }
+  // Runs `link` (which may throw from Hash or KeyEqual before it publishes `fresh`), and
+  // discards `fresh` if it throws.
+  template <class Link>
+  auto discard_on_throw(node* fresh, Link&& link) {
+    try {
+      return link();
+    } catch (...) {
+      discard(fresh);
+      throw;
+    }
   }
 
   // (L3): an unlinked element goes back to the pool; the pool reuses it only after a grace
@@ -492,6 +512,14 @@ class hash_map {
       return;
     }
     std::int64_t erased = 0;
+    // However the walk ends (Hash or KeyEqual may throw), the count reflects what it erased.
+    struct count_erased {
+      detail::split_list& list;
+      std::int64_t& erased;
+      ~count_erased() {
+        if (erased != 0) list.count(-erased, 0);
+      }
+    } counting{list_, erased};
     {
       auto guard = pin_reader();
       // Acquire (M2): pairs with (M1).
@@ -508,7 +536,6 @@ class hash_map {
         }
       }
     }
-    if (erased != 0) list_.count(-erased, 0);
     if (!destroying && !in_read_section()) domain_.barrier();
   }
 

@@ -132,7 +132,7 @@ class split_list {
     // Look at the load factor on a hash-chosen sample of updates: small tables always.
     const unsigned size_log2 = size_log2_.load(std::memory_order_relaxed);
     const std::uint64_t sample_mask = size_log2 > 8 ? 63 : 0;
-    if ((hash & sample_mask) == 0) [[unlikely]] consider_resize_slow();
+    if ((hash & sample_mask) == 0) [[unlikely]] consider_resize_slow(delta > 0);
   }
   std::size_t size() const noexcept;
   std::size_t bucket_count() const noexcept {
@@ -141,12 +141,18 @@ class split_list {
   std::uint64_t grows() const noexcept { return grows_.load(std::memory_order_relaxed); }
   std::uint64_t shrinks() const noexcept { return shrinks_.load(std::memory_order_relaxed); }
 
-  // Grows until `elements` fit under the grow load factor (bounded by max_buckets). Inside a
-  // read section it only tries: if another resize runs, it returns without growing.
+  // Grows until `elements` fit under the grow load factor (bounded by max_buckets), and keeps
+  // inserts from shrinking it below that size until the map first holds that many elements.
+  // Inside a read section it only tries: if another resize runs, it returns without growing.
   void reserve(std::size_t elements);
+  // Forgets what reserve() asked for (clear()).
+  void drop_reservation() noexcept {
+    reserved_elements_.store(0, std::memory_order_relaxed);  // Relaxed: see the member.
+  }
   // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks only outside a
-  // read section (it waits for grace periods), otherwise leaves it for a later update.
-  [[gnu::cold, gnu::noinline]] void consider_resize_slow() noexcept;
+  // read section (it waits for grace periods), otherwise leaves it for a later update. After
+  // an insert, a shrink stops at what reserve() asked for; after an erase it does not.
+  [[gnu::cold, gnu::noinline]] void consider_resize_slow(bool after_insert) noexcept;
 
   // Unlinks `node` (already marked) from the list if still linked, helping along the way;
   // used by updaters whose own unlink CAS failed. Type-erased: reclaims through element_ops.
@@ -169,6 +175,7 @@ class split_list {
     return levels_[level].load(std::memory_order_relaxed) + (bucket - first);
   }
   bool grow_to(unsigned size_log2) noexcept;
+  unsigned floor_log2() const noexcept;  // the smallest size a shrink may reach
   void shrink_to(unsigned size_log2) noexcept;
   void link_dummy(list_node* start, list_node* dummy) noexcept;
   list_node* allocate_level(unsigned level) noexcept;
@@ -179,6 +186,10 @@ class split_list {
   element_ops ops_;
   unsigned min_log2_;
   unsigned max_log2_;
+  // The element count reserve() asked room for: shrinking stops at the size it needs until
+  // the map first holds that many elements (or clear()). 0: none. Relaxed: a hint for the
+  // one resizer.
+  std::atomic<std::size_t> reserved_elements_{0};
   std::atomic<unsigned> size_log2_{0};
   std::atomic<list_node*> levels_[kMaxLevels]{};
   std::atomic<bool> resizing_{false};

@@ -1,0 +1,1971 @@
+// Tests for grace::hash_map: the semantics of every member, options and resizing, a
+// model-based randomized comparison with std::unordered_map, lifetime accounting (every key
+// and value instance destroyed exactly once), allocation failure and throwing user types,
+// and races on a single key. Heavier concurrency lives in hash_map_stress_test.cc.
+//
+// Order: single-threaded semantics; options and resizing; the model; lifetime accounting;
+// allocation failure and exceptions; concurrency.
+//
+// Conventions:
+//   - lifetime_object gives every instance (copies and moves included) a serial number and
+//     counts destructions per serial, so "destroyed exactly once" needs no unique ids.
+//   - The model test takes its random seed from GRACE_MAP_SEED when set (to replay a failure);
+//     every failure message names the seed.
+//   - Sleeps only widen race windows; correctness rests on joins, flags, barrier() and
+//     watchdogs.
+#include "grace/map/hash_map.h"
+
+#include <absl/hash/hash.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "grace/reclaim/domain.h"
+#include "grace/reclaim/read_guard.h"
+#include "tests/testing/testing.h"
+
+namespace {
+
+namespace gt = grace::testing;
+using namespace std::chrono_literals;
+
+constexpr auto kNoDeadlock = 60s;  // watchdog budget for scopes that must finish
+
+using u64_map = grace::hash_map<std::uint64_t, std::uint64_t>;
+
+// Every key in the same handful of buckets: long chains of equal hashes.
+struct mod7_hash {
+  std::size_t operator()(std::uint64_t key) const noexcept { return key % 7; }
+};
+struct constant_hash {
+  std::size_t operator()(std::uint64_t) const noexcept { return 42; }
+};
+
+// The map with small, power-of-two resize bounds used by the resize tests.
+grace::hash_map_options resize_options(std::size_t min_buckets, std::size_t max_buckets) {
+  grace::hash_map_options options;
+  options.initial_buckets = min_buckets;
+  options.min_buckets = min_buckets;
+  options.max_buckets = max_buckets;
+  options.grow_load_factor = 1.0;
+  options.shrink_load_factor = 0.125;
+  return options;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Instance accounting.
+
+// Hands out serial numbers to lifetime_object instances and counts destructions per serial.
+// Serials past `capacity` are counted in the totals only (and reported by each_destroyed_once).
+class lifetime_registry {
+ public:
+  explicit lifetime_registry(std::size_t capacity)
+      : capacity_(capacity), destroyed_(new std::atomic<std::uint8_t>[capacity]()) {}
+  lifetime_registry(const lifetime_registry&) = delete;
+  lifetime_registry& operator=(const lifetime_registry&) = delete;
+
+  // Relaxed (every counter here): tallies; the tests read them after a join, clear() or
+  // barrier(), which is the ordering under test.
+  std::uint64_t on_construct() noexcept {
+    return constructed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void on_destroy(std::uint64_t serial, bool intact) noexcept {
+    if (!intact) corrupt_.fetch_add(1, std::memory_order_relaxed);
+    if (serial < capacity_) {
+      std::uint8_t count = destroyed_[serial].load(std::memory_order_relaxed);
+      // Relaxed: a saturating per-serial tally (255 means "many").
+      while (count < 255 && !destroyed_[serial].compare_exchange_weak(count, count + 1,
+                                                                      std::memory_order_relaxed)) {
+      }
+    }
+    destroyed_total_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  std::uint64_t constructed() const noexcept {
+    return constructed_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t destroyed() const noexcept {
+    return destroyed_total_.load(std::memory_order_relaxed);
+  }
+  std::int64_t live() const noexcept {
+    return static_cast<std::int64_t>(constructed()) - static_cast<std::int64_t>(destroyed());
+  }
+  std::uint64_t corrupt() const noexcept { return corrupt_.load(std::memory_order_relaxed); }
+
+  // Every instance ever constructed was destroyed exactly once, each with its canary intact.
+  ::testing::AssertionResult each_destroyed_once() const {
+    const std::uint64_t made = constructed();
+    if (made > capacity_) {
+      return ::testing::AssertionFailure()
+             << made << " instances exceed the registry's capacity of " << capacity_;
+    }
+    std::uint64_t wrong = 0;
+    std::uint64_t first_wrong = 0;
+    unsigned first_count = 0;
+    for (std::uint64_t serial = 0; serial < made; ++serial) {
+      const unsigned count = destroyed_[serial].load(std::memory_order_relaxed);
+      if (count != 1 && wrong++ == 0) {
+        first_wrong = serial;
+        first_count = count;
+      }
+    }
+    if (wrong == 0 && corrupt() == 0 && destroyed() == made) {
+      return ::testing::AssertionSuccess();
+    }
+    auto failure = ::testing::AssertionFailure();
+    failure << made << " instances constructed, " << destroyed() << " destructions, " << corrupt()
+            << " with a poisoned canary";
+    if (wrong != 0) {
+      failure << "; " << wrong << " not destroyed exactly once, the first is serial " << first_wrong
+              << " (destroyed " << first_count << " times)";
+    }
+    return failure;
+  }
+
+ private:
+  const std::size_t capacity_;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> destroyed_;
+  std::atomic<std::uint64_t> constructed_{0};
+  std::atomic<std::uint64_t> destroyed_total_{0};
+  std::atomic<std::uint64_t> corrupt_{0};
+};
+
+// A key or value with a non-trivial destructor. Every constructor (copy and move included)
+// registers a new instance; the destructor checks, then poisons, the canary. Equality and
+// hashing look at the payload only.
+class lifetime_object {
+ public:
+  static constexpr std::uint64_t kAlive = 0x11fe11fe11fe11feULL;
+  static constexpr std::uint64_t kPoison = 0xdeaddeaddeaddeadULL;
+
+  lifetime_object(lifetime_registry& registry, std::uint64_t payload) noexcept
+      : registry_(&registry), serial_(registry.on_construct()), payload_(payload) {}
+  lifetime_object(const lifetime_object& other) noexcept
+      : registry_(other.registry_), serial_(registry_->on_construct()), payload_(other.payload_) {}
+  lifetime_object& operator=(const lifetime_object& other) noexcept {
+    payload_ = other.payload_;
+    return *this;
+  }
+  ~lifetime_object() {
+    const bool was_intact = intact();
+    // Relaxed: poison for a reader that (wrongly) still holds the instance; see intact().
+    canary_.store(kPoison, std::memory_order_relaxed);
+    registry_->on_destroy(serial_, was_intact);
+  }
+
+  std::uint64_t payload() const noexcept { return payload_; }
+  // True while the instance has not been destroyed; readers call it concurrently.
+  bool intact() const noexcept {
+    // Relaxed: compared by value only; an early destruction is what the tests detect.
+    return canary_.load(std::memory_order_relaxed) == kAlive;
+  }
+
+  friend bool operator==(const lifetime_object& a, const lifetime_object& b) noexcept {
+    return a.payload_ == b.payload_;
+  }
+  template <class H>
+  friend H AbslHashValue(H h, const lifetime_object& object) {
+    return H::combine(std::move(h), object.payload_);
+  }
+
+ private:
+  lifetime_registry* registry_;
+  std::uint64_t serial_;
+  std::uint64_t payload_;
+  std::atomic<std::uint64_t> canary_{kAlive};
+};
+
+using lifetime_map = grace::hash_map<lifetime_object, lifetime_object>;
+
+// Counts how a value was made, to prove try_emplace builds in place and only on success.
+struct build_counts {
+  int from_args = 0;
+  int copies = 0;
+  int moves = 0;
+};
+class counted_build {
+ public:
+  counted_build(build_counts& counts, int value) : counts_(&counts), value_(value) {
+    ++counts_->from_args;
+  }
+  counted_build(const counted_build& other) : counts_(other.counts_), value_(other.value_) {
+    ++counts_->copies;
+  }
+  counted_build(counted_build&& other) noexcept : counts_(other.counts_), value_(other.value_) {
+    ++counts_->moves;
+  }
+  int value() const noexcept { return value_; }
+
+ private:
+  build_counts* counts_;
+  int value_;
+};
+
+// A 64-byte value that carries its key and a checksum: a torn or recycled value fails valid().
+struct checked_value {
+  std::uint64_t key = 0;
+  std::uint64_t not_key = 0;
+  std::uint64_t version = 0;
+  std::uint64_t check[5] = {};
+
+  static std::uint64_t mix(std::uint64_t x) noexcept {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+  }
+  static checked_value make(std::uint64_t key, std::uint64_t version) noexcept {
+    checked_value v;
+    v.key = key;
+    v.not_key = ~key;
+    v.version = version;
+    for (std::uint64_t i = 0; i < 5; ++i) v.check[i] = mix(key * 8 + i) ^ version;
+    return v;
+  }
+  bool valid_for(std::uint64_t expected_key) const noexcept {
+    if (key != expected_key || not_key != ~expected_key) return false;
+    for (std::uint64_t i = 0; i < 5; ++i) {
+      if (check[i] != (mix(expected_key * 8 + i) ^ version)) return false;
+    }
+    return true;
+  }
+  friend bool operator==(const checked_value&, const checked_value&) = default;
+};
+static_assert(sizeof(checked_value) == 64);
+
+// Success iff constructing a map with `options` throws std::invalid_argument whose message
+// names `option`.
+::testing::AssertionResult rejects(const grace::hash_map_options& options,
+                                   std::string_view option) {
+  try {
+    u64_map map(options);
+  } catch (const std::invalid_argument& e) {
+    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure()
+           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw something else: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "the map accepted the options";
+}
+
+// Every key in `expected` maps to its value through find(), and for_each() visits exactly
+// these keys, each once, with these values; size() agrees.
+template <class Map, class Expected>
+::testing::AssertionResult holds_exactly(const Map& map, const Expected& expected) {
+  for (const auto& [key, value] : expected) {
+    const auto found = map.find(key);
+    if (!found.has_value()) return ::testing::AssertionFailure() << "find(" << key << ") missed";
+    if (!(*found == value)) {
+      return ::testing::AssertionFailure() << "find(" << key << ") returned another value";
+    }
+  }
+  std::size_t visited = 0;
+  std::size_t unexpected = 0;
+  map.for_each([&](const auto& key, const auto& value) {
+    ++visited;
+    const auto it = expected.find(key);
+    if (it == expected.end() || !(it->second == value)) ++unexpected;
+  });
+  if (visited != expected.size() || unexpected != 0) {
+    return ::testing::AssertionFailure()
+           << "for_each visited " << visited << " elements (" << unexpected
+           << " unexpected); expected " << expected.size();
+  }
+  if (map.size() != expected.size()) {
+    return ::testing::AssertionFailure()
+           << "size() is " << map.size() << ", expected " << expected.size();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// =============================================================================================
+// Single-threaded semantics.
+
+TEST(HashMap, AnEmptyMapFindsNothing) {
+  u64_map map;
+  EXPECT_FALSE(map.find(1).has_value());
+  EXPECT_FALSE(map.contains(1));
+  bool called = false;
+  EXPECT_FALSE(map.visit(1, [&](const std::uint64_t&) { called = true; }));
+  EXPECT_FALSE(called);
+  {
+    auto view = map.pin();
+    EXPECT_EQ(view.find(1), nullptr);
+    EXPECT_FALSE(view.contains(1));
+  }
+  EXPECT_EQ(map.size(), 0u);
+  EXPECT_TRUE(map.empty());
+  std::size_t visited = 0;
+  map.for_each([&](const std::uint64_t&, const std::uint64_t&) { ++visited; });
+  EXPECT_EQ(visited, 0u);
+}
+
+TEST(HashMap, InsertAddsOnlyAbsentKeys) {
+  u64_map map;
+  EXPECT_TRUE(map.insert(1, 10));
+  EXPECT_FALSE(map.insert(1, 20));
+  EXPECT_EQ(map.find(1), 10u);
+  EXPECT_TRUE(map.insert(2, 20));
+  EXPECT_EQ(map.size(), 2u);
+  EXPECT_FALSE(map.empty());
+  EXPECT_TRUE(map.contains(1));
+  EXPECT_TRUE(map.contains(2));
+  EXPECT_FALSE(map.contains(3));
+}
+
+TEST(HashMap, TryEmplaceBuildsTheValueInPlaceOnlyWhenItInserts) {
+  build_counts counts;
+  grace::hash_map<int, counted_build> map;
+  EXPECT_TRUE(map.try_emplace(1, counts, 10));
+  EXPECT_EQ(counts.from_args, 1);
+  EXPECT_EQ(counts.copies, 0);
+  EXPECT_EQ(counts.moves, 0);
+  // Present: nothing is built, the value stays.
+  EXPECT_FALSE(map.try_emplace(1, counts, 20));
+  EXPECT_EQ(counts.from_args, 1);
+  EXPECT_EQ(counts.copies, 0);
+  EXPECT_EQ(counts.moves, 0);
+  EXPECT_TRUE(map.visit(1, [](const counted_build& v) { EXPECT_EQ(v.value(), 10); }));
+  EXPECT_EQ(map.size(), 1u);
+}
+
+TEST(HashMap, InsertOrAssignReturnsTrueOnlyWhenItInserts) {
+  u64_map map;
+  EXPECT_TRUE(map.insert_or_assign(1, 10));
+  EXPECT_EQ(map.find(1), 10u);
+  EXPECT_FALSE(map.insert_or_assign(1, 11));
+  EXPECT_EQ(map.find(1), 11u);
+  EXPECT_EQ(map.size(), 1u);
+}
+
+TEST(HashMap, AssignReplacesOnlyPresentKeys) {
+  u64_map map;
+  EXPECT_FALSE(map.assign(1, 10));
+  EXPECT_FALSE(map.contains(1));
+  EXPECT_EQ(map.size(), 0u);
+  ASSERT_TRUE(map.insert(1, 10));
+  EXPECT_TRUE(map.assign(1, 11));
+  EXPECT_EQ(map.find(1), 11u);
+  EXPECT_EQ(map.size(), 1u);
+}
+
+TEST(HashMap, UpdateReplacesTheValueWithFOfTheOldOneAndIgnoresAbsentKeys) {
+  u64_map map;
+  int calls = 0;
+  EXPECT_FALSE(map.update(1, [&](const std::uint64_t& old) {
+    ++calls;
+    return old + 1;
+  }));
+  EXPECT_EQ(calls, 0);
+  EXPECT_FALSE(map.contains(1));
+  ASSERT_TRUE(map.insert(1, 10));
+  EXPECT_TRUE(map.update(1, [&](const std::uint64_t& old) {
+    ++calls;
+    EXPECT_EQ(old, 10u);
+    return old * 3;
+  }));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(map.find(1), 30u);
+  EXPECT_EQ(map.size(), 1u);
+}
+
+TEST(HashMap, EraseRemovesOnlyPresentKeys) {
+  u64_map map;
+  EXPECT_FALSE(map.erase(1));
+  ASSERT_TRUE(map.insert(1, 10));
+  ASSERT_TRUE(map.insert(2, 20));
+  EXPECT_TRUE(map.erase(1));
+  EXPECT_FALSE(map.erase(1));
+  EXPECT_FALSE(map.contains(1));
+  EXPECT_EQ(map.find(2), 20u);
+  EXPECT_EQ(map.size(), 1u);
+  // An erased key can come back.
+  EXPECT_TRUE(map.insert(1, 11));
+  EXPECT_EQ(map.find(1), 11u);
+}
+
+TEST(HashMap, EraseIfErasesOnlyWhenThePredicateHoldsForTheCurrentValue) {
+  u64_map map;
+  int calls = 0;
+  EXPECT_FALSE(map.erase_if(1, [&](const std::uint64_t&) {
+    ++calls;
+    return true;
+  }));
+  EXPECT_EQ(calls, 0);
+  ASSERT_TRUE(map.insert(1, 10));
+  EXPECT_FALSE(map.erase_if(1, [&](const std::uint64_t& v) {
+    ++calls;
+    EXPECT_EQ(v, 10u);
+    return false;
+  }));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(map.find(1), 10u);
+  EXPECT_TRUE(map.erase_if(1, [&](const std::uint64_t& v) { return v == 10; }));
+  EXPECT_FALSE(map.contains(1));
+  EXPECT_EQ(map.size(), 0u);
+}
+
+TEST(HashMap, VisitSeesTheStoredValueWithoutCopyingIt) {
+  build_counts counts;
+  grace::hash_map<int, counted_build> map;
+  ASSERT_TRUE(map.try_emplace(7, counts, 70));
+  const counted_build* first = nullptr;
+  const counted_build* second = nullptr;
+  EXPECT_TRUE(map.visit(7, [&](const counted_build& v) {
+    first = &v;
+    EXPECT_EQ(v.value(), 70);
+  }));
+  EXPECT_TRUE(map.visit(7, [&](const counted_build& v) { second = &v; }));
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(counts.copies, 0);
+  EXPECT_EQ(counts.moves, 0);
+}
+
+TEST(HashMap, PinnedViewFindsWhatFindFindsAndKeepsItsAddressStable) {
+  u64_map map;
+  for (std::uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(map.insert(k, k * 10));
+  auto view = map.pin();
+  EXPECT_TRUE(grace::in_read_section());
+  for (std::uint64_t k = 0; k < 100; ++k) {
+    const std::uint64_t* p = view.find(k);
+    ASSERT_NE(p, nullptr) << k;
+    EXPECT_EQ(*p, k * 10);
+    EXPECT_EQ(view.find(k), p);
+    EXPECT_TRUE(view.contains(k));
+  }
+  EXPECT_EQ(view.find(100), nullptr);
+  EXPECT_FALSE(view.contains(100));
+}
+
+TEST(HashMap, PinnedViewEndsItsReadSectionWhenDestroyed) {
+  u64_map map;
+  ASSERT_TRUE(map.insert(1, 1));
+  {
+    auto view = map.pin();
+    EXPECT_TRUE(grace::in_read_section());
+  }
+  EXPECT_FALSE(grace::in_read_section());
+  // A grace period can complete: the view did not leak its guard.
+  gt::watchdog dog(kNoDeadlock, "synchronize() after a pinned view ended");
+  map.reclamation_domain().synchronize();
+}
+
+TEST(HashMap, ForEachVisitsEveryElementExactlyOnce) {
+  u64_map map(resize_options(4, 1 << 12));
+  constexpr std::uint64_t kCount = 3000;
+  std::unordered_map<std::uint64_t, std::uint64_t> expected;
+  for (std::uint64_t k = 0; k < kCount; ++k) {
+    ASSERT_TRUE(map.insert(k, k + 1));
+    expected[k] = k + 1;
+  }
+  for (std::uint64_t k = 0; k < kCount; k += 3) {
+    ASSERT_TRUE(map.erase(k));
+    expected.erase(k);
+  }
+  for (std::uint64_t k = 1; k < kCount; k += 3) {
+    ASSERT_FALSE(map.insert_or_assign(k, k + 2));
+    expected[k] = k + 2;
+  }
+  EXPECT_TRUE(holds_exactly(map, expected));
+}
+
+TEST(HashMap, ForEachRunsInsideOneReadSection) {
+  u64_map map;
+  ASSERT_TRUE(map.insert(1, 1));
+  ASSERT_TRUE(map.insert(2, 2));
+  map.for_each(
+      [](const std::uint64_t&, const std::uint64_t&) { EXPECT_TRUE(grace::in_read_section()); });
+  EXPECT_FALSE(grace::in_read_section());
+}
+
+TEST(HashMap, ClearErasesEverythingAndLeavesTheMapUsable) {
+  u64_map map;
+  map.clear();
+  EXPECT_TRUE(map.empty());
+  for (std::uint64_t k = 0; k < 500; ++k) ASSERT_TRUE(map.insert(k, k));
+  map.clear();
+  EXPECT_EQ(map.size(), 0u);
+  EXPECT_TRUE(map.empty());
+  for (std::uint64_t k = 0; k < 500; ++k) EXPECT_FALSE(map.contains(k)) << k;
+  std::size_t visited = 0;
+  map.for_each([&](const std::uint64_t&, const std::uint64_t&) { ++visited; });
+  EXPECT_EQ(visited, 0u);
+  EXPECT_TRUE(map.insert(3, 33));
+  EXPECT_EQ(map.find(3), 33u);
+  EXPECT_EQ(map.size(), 1u);
+}
+
+TEST(HashMap, ClearInsideAReadSectionErasesWithoutWaiting) {
+  u64_map map;
+  for (std::uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(map.insert(k, k));
+  {
+    gt::watchdog dog(kNoDeadlock, "clear() inside a read section");
+    auto guard = grace::pin();
+    map.clear();  // must not wait for a grace period (it would wait for itself)
+    EXPECT_EQ(map.size(), 0u);
+  }
+  EXPECT_FALSE(map.contains(5));
+}
+
+TEST(HashMap, SizeAndEmptyFollowInsertsAndErases) {
+  u64_map map;
+  std::size_t expected = 0;
+  for (std::uint64_t k = 0; k < 200; ++k) {
+    ASSERT_TRUE(map.insert(k, k));
+    ++expected;
+    ASSERT_EQ(map.size(), expected);
+    ASSERT_EQ(map.stats().size, expected);
+  }
+  for (std::uint64_t k = 0; k < 200; k += 2) {
+    ASSERT_TRUE(map.erase(k));
+    --expected;
+    ASSERT_EQ(map.size(), expected);
+  }
+  for (std::uint64_t k = 1; k < 200; k += 2) ASSERT_FALSE(map.insert_or_assign(k, 0));
+  EXPECT_EQ(map.size(), expected);  // replacing does not count
+  for (std::uint64_t k = 1; k < 200; k += 2) ASSERT_TRUE(map.erase(k));
+  EXPECT_EQ(map.size(), 0u);
+  EXPECT_TRUE(map.empty());
+}
+
+TEST(HashMap, CollidingHashesKeepKeysApart) {
+  grace::hash_map<std::uint64_t, std::uint64_t, mod7_hash> seven(resize_options(1, 1024));
+  grace::hash_map<std::uint64_t, std::uint64_t, constant_hash> one(resize_options(1, 1024));
+  std::unordered_map<std::uint64_t, std::uint64_t> expected;
+  for (std::uint64_t k = 0; k < 300; ++k) {
+    ASSERT_TRUE(seven.insert(k, k * 2));
+    ASSERT_TRUE(one.insert(k, k * 2));
+    expected[k] = k * 2;
+  }
+  for (std::uint64_t k = 0; k < 300; k += 5) {
+    ASSERT_TRUE(seven.erase(k));
+    ASSERT_TRUE(one.erase(k));
+    expected.erase(k);
+  }
+  for (std::uint64_t k = 1; k < 300; k += 5) {
+    ASSERT_TRUE(seven.update(k, [](const std::uint64_t& v) { return v + 1; }));
+    ASSERT_TRUE(one.update(k, [](const std::uint64_t& v) { return v + 1; }));
+    ++expected[k];
+  }
+  EXPECT_TRUE(holds_exactly(seven, expected));
+  EXPECT_TRUE(holds_exactly(one, expected));
+  for (std::uint64_t k = 0; k < 300; k += 5) {
+    EXPECT_FALSE(seven.contains(k));
+    EXPECT_FALSE(one.contains(k));
+  }
+}
+
+// Keys that compare equal ignoring case, with a hash to match.
+struct case_insensitive_hash {
+  std::size_t operator()(const std::string& s) const {
+    std::string lower(s);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return absl::Hash<std::string>()(lower);
+  }
+};
+struct case_insensitive_equal {
+  bool operator()(const std::string& a, const std::string& b) const {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) ==
+                    std::tolower(static_cast<unsigned char>(y));
+           });
+  }
+};
+
+TEST(HashMap, KeyEqualDecidesWhichKeysAreTheSame) {
+  grace::hash_map<std::string, int, case_insensitive_hash, case_insensitive_equal> map;
+  EXPECT_TRUE(map.insert("Grace-Period", 1));
+  EXPECT_FALSE(map.insert("GRACE-PERIOD", 2));
+  EXPECT_EQ(map.find("grace-period"), 1);
+  EXPECT_FALSE(map.insert_or_assign("grace-PERIOD", 3));
+  EXPECT_EQ(map.find("Grace-Period"), 3);
+  int visits = 0;
+  map.for_each([&](const std::string&, const int&) { ++visits; });
+  EXPECT_EQ(visits, 1);
+  EXPECT_TRUE(map.erase("GRACE-period"));
+  EXPECT_TRUE(map.empty());
+}
+
+TEST(HashMap, StringKeysAndValuesRoundTrip) {
+  grace::hash_map<std::string, std::string> map;
+  std::unordered_map<std::string, std::string> expected;
+  for (int i = 0; i < 500; ++i) {
+    std::string key = "a key long enough to live on the heap #" + std::to_string(i);
+    std::string value = std::string(100, static_cast<char>('a' + i % 26)) + std::to_string(i);
+    ASSERT_TRUE(map.insert(key, value));
+    expected[key] = value;
+  }
+  for (int i = 0; i < 500; i += 4) {
+    const std::string key = "a key long enough to live on the heap #" + std::to_string(i);
+    ASSERT_TRUE(map.update(key, [](const std::string& v) { return v + "!"; }));
+    expected[key] += "!";
+  }
+  for (int i = 1; i < 500; i += 4) {
+    const std::string key = "a key long enough to live on the heap #" + std::to_string(i);
+    ASSERT_TRUE(map.erase(key));
+    expected.erase(key);
+  }
+  EXPECT_TRUE(holds_exactly(map, expected));
+}
+
+TEST(HashMap, StatsReportSizeBucketsAndTheComponentsBelow) {
+  grace::hash_map_options options = resize_options(8, 1024);
+  u64_map map(options);
+  grace::hash_map_stats before = map.stats();
+  EXPECT_EQ(before.size, 0u);
+  EXPECT_EQ(before.buckets, 8u);
+  EXPECT_EQ(before.grows, 0u);  // construction is not a resize
+  EXPECT_EQ(before.shrinks, 0u);
+  for (std::uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(map.insert(k, k));
+  const grace::hash_map_stats after = map.stats();
+  EXPECT_EQ(after.size, 100u);
+  EXPECT_GE(after.buckets, 100u);
+  EXPECT_GT(after.grows, 0u);
+  EXPECT_GE(after.pool.allocated - before.pool.allocated, 100u);
+  EXPECT_GT(after.pool.held_bytes, 0u);
+}
+
+TEST(HashMap, ACustomDomainReclaimsTheMapsElements) {
+  lifetime_registry registry(1 << 12);
+  {
+    grace::domain d;
+    grace::hash_map_options options;
+    options.reclamation = &d;
+    {
+      grace::hash_map<std::uint64_t, lifetime_object> map(options);
+      EXPECT_EQ(&map.reclamation_domain(), &d);
+      for (std::uint64_t k = 0; k < 100; ++k) {
+        ASSERT_TRUE(map.insert(k, lifetime_object(registry, k)));
+      }
+      for (std::uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(map.erase(k));
+      d.barrier();
+      EXPECT_EQ(registry.live(), 0);
+      EXPECT_GE(d.stats().reclaimed, 100u);
+      EXPECT_GE(map.stats().reclamation.reclaimed, 100u);
+    }
+  }
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+// =============================================================================================
+// Options and resizing.
+
+TEST(HashMap, ZeroMinBucketsIsRejectedByName) {
+  grace::hash_map_options options;
+  options.min_buckets = 0;
+  EXPECT_TRUE(rejects(options, "min_buckets"));
+}
+
+TEST(HashMap, MaxBucketsBelowMinBucketsIsRejectedByName) {
+  grace::hash_map_options options;
+  options.min_buckets = 128;
+  options.max_buckets = 64;
+  EXPECT_TRUE(rejects(options, "max_buckets"));
+  options.min_buckets = 1;
+  options.max_buckets = std::size_t{1} << 60;
+  EXPECT_TRUE(rejects(options, "max_buckets"));
+}
+
+TEST(HashMap, NonPositiveOrNotANumberGrowLoadFactorIsRejectedByName) {
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity(), -0.0}) {
+    grace::hash_map_options options;
+    options.grow_load_factor = bad;
+    options.shrink_load_factor = 0.0;
+    EXPECT_TRUE(rejects(options, "grow_load_factor")) << bad;
+  }
+}
+
+TEST(HashMap, ShrinkLoadFactorAtOrAboveHalfTheGrowLoadFactorIsRejectedByName) {
+  for (double bad : {0.5, 0.75, 2.0, -0.1, std::numeric_limits<double>::quiet_NaN()}) {
+    grace::hash_map_options options;
+    options.grow_load_factor = 1.0;
+    options.shrink_load_factor = bad;
+    EXPECT_TRUE(rejects(options, "shrink_load_factor")) << bad;
+  }
+}
+
+TEST(HashMap, ZeroInitialBucketsIsRejectedByName) {
+  grace::hash_map_options options;
+  options.initial_buckets = 0;
+  EXPECT_TRUE(rejects(options, "initial_buckets"));
+}
+
+TEST(HashMap, InvalidPoolOptionsAreRejectedByName) {
+  grace::hash_map_options options;
+  options.pool.batch = 64;
+  options.pool.high_watermark = 8;
+  EXPECT_TRUE(rejects(options, "high_watermark"));
+}
+
+TEST(HashMap, OptionsAtTheEdgesOfTheirRangesAreAccepted) {
+  grace::hash_map_options options;
+  options.min_buckets = 1;
+  options.max_buckets = 1;
+  options.initial_buckets = 1;
+  options.grow_load_factor = 1024.0;
+  options.shrink_load_factor = 511.999;
+  EXPECT_NO_THROW({
+    u64_map map(options);
+    for (std::uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(map.insert(k, k));
+    EXPECT_EQ(map.stats().buckets, 1u);
+  });
+  options = {};
+  options.shrink_load_factor = 0.0;
+  EXPECT_NO_THROW(u64_map map(options));
+}
+
+TEST(HashMap, InitialBucketsAreRoundedUpToAPowerOfTwoAndClampedToMinAndMax) {
+  auto buckets_for = [](std::size_t initial, std::size_t min, std::size_t max) {
+    grace::hash_map_options options;
+    options.initial_buckets = initial;
+    options.min_buckets = min;
+    options.max_buckets = max;
+    return u64_map(options).stats().buckets;
+  };
+  EXPECT_EQ(buckets_for(3, 1, 1024), 4u);
+  EXPECT_EQ(buckets_for(64, 1, 1024), 64u);
+  EXPECT_EQ(buckets_for(65, 1, 1024), 128u);
+  EXPECT_EQ(buckets_for(2, 64, 1024), 64u);
+  EXPECT_EQ(buckets_for(5000, 1, 1024), 1024u);
+  EXPECT_EQ(buckets_for(1, 1, 1), 1u);
+}
+
+TEST(HashMap, TableGrowsSoTheLoadFactorStaysAtOrBelowTheGrowLoadFactor) {
+  grace::hash_map_options options = resize_options(1, 256);
+  options.grow_load_factor = 2.0;
+  options.shrink_load_factor = 0.25;
+  u64_map map(options);
+  std::uint64_t last_grows = 0;
+  for (std::uint64_t k = 0; k < 512; ++k) {
+    ASSERT_TRUE(map.insert(k, k));
+    const grace::hash_map_stats s = map.stats();
+    ASSERT_LE(static_cast<double>(s.size), 2.0 * static_cast<double>(s.buckets)) << k;
+    ASSERT_LE(s.buckets, 256u);
+    ASSERT_GE(s.grows, last_grows);
+    last_grows = s.grows;
+  }
+  EXPECT_EQ(map.stats().buckets, 256u);
+  EXPECT_GE(map.stats().grows, 1u);
+}
+
+TEST(HashMap, TableShrinksWithHysteresisDownToMinBuckets) {
+  u64_map map(resize_options(4, 1024));
+  for (std::uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(map.insert(k, k));
+  ASSERT_EQ(map.stats().buckets, 256u);
+  std::uint64_t shrinks = map.stats().shrinks;
+  for (std::uint64_t k = 0; k < 256; ++k) {
+    ASSERT_TRUE(map.erase(k));
+    const grace::hash_map_stats s = map.stats();
+    // Never below the shrink load factor (unless at min_buckets).
+    ASSERT_TRUE(s.buckets == 4 ||
+                static_cast<double>(s.size) >= 0.125 * static_cast<double>(s.buckets))
+        << "size " << s.size << ", buckets " << s.buckets;
+    if (s.shrinks != shrinks) {
+      // Hysteresis: a shrink aims at half the grow load factor, so the table is not at the
+      // edge of growing again.
+      ASSERT_LE(static_cast<double>(s.size), 0.5 * static_cast<double>(s.buckets))
+          << "size " << s.size << ", buckets " << s.buckets;
+      shrinks = s.shrinks;
+      const std::uint64_t grows = s.grows;
+      ASSERT_TRUE(map.insert(1'000'000 + k, 0));
+      EXPECT_EQ(map.stats().grows, grows) << "one insert after a shrink grew the table";
+      ASSERT_TRUE(map.erase(1'000'000 + k));
+      shrinks = map.stats().shrinks;
+    }
+  }
+  EXPECT_EQ(map.stats().buckets, 4u);
+  EXPECT_GT(map.stats().shrinks, 0u);
+  EXPECT_TRUE(map.empty());
+}
+
+TEST(HashMap, AlternatingInsertAndEraseAtTheGrowThresholdResizesAtMostOnce) {
+  u64_map map(resize_options(16, 1024));
+  for (std::uint64_t k = 0; k < 16; ++k) ASSERT_TRUE(map.insert(k, k));
+  const grace::hash_map_stats start = map.stats();
+  ASSERT_EQ(start.buckets, 16u);
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(map.insert(16, 16));
+    ASSERT_TRUE(map.erase(16));
+  }
+  const grace::hash_map_stats end = map.stats();
+  EXPECT_LE(end.grows - start.grows, 1u);
+  EXPECT_EQ(end.shrinks, start.shrinks);
+}
+
+TEST(HashMap, TheTableNeverShrinksInsideAReadSection) {
+  u64_map map(resize_options(1, 1024));
+  for (std::uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(map.insert(k, k));
+  const std::uint64_t buckets = map.stats().buckets;
+  {
+    gt::watchdog dog(kNoDeadlock, "erase() inside a read section");
+    auto guard = grace::pin();
+    for (std::uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(map.erase(k));
+    EXPECT_EQ(map.stats().shrinks, 0u);
+    EXPECT_EQ(map.stats().buckets, buckets);
+  }
+  // The next update outside a read section shrinks it.
+  ASSERT_TRUE(map.insert(0, 0));
+  ASSERT_TRUE(map.erase(0));
+  EXPECT_GT(map.stats().shrinks, 0u);
+  EXPECT_LT(map.stats().buckets, buckets);
+}
+
+TEST(HashMap, TheTableNeverExceedsMaxBuckets) {
+  u64_map map(resize_options(1, 16));
+  for (std::uint64_t k = 0; k < 1000; ++k) ASSERT_TRUE(map.insert(k, k));
+  EXPECT_EQ(map.stats().buckets, 16u);
+  for (std::uint64_t k = 0; k < 1000; ++k) ASSERT_EQ(map.find(k), k);
+  map.reserve(1 << 20);
+  EXPECT_EQ(map.stats().buckets, 16u);
+}
+
+TEST(HashMap, ClearShrinksTheTableBackToMinBuckets) {
+  u64_map map(resize_options(8, 1 << 12));
+  for (std::uint64_t k = 0; k < 2000; ++k) ASSERT_TRUE(map.insert(k, k));
+  ASSERT_GE(map.stats().buckets, 1024u);
+  map.clear();
+  EXPECT_EQ(map.stats().buckets, 8u);
+}
+
+TEST(HashMap, ReserveGrowsTheTableSoNElementsFitUnderTheGrowLoadFactor) {
+  grace::hash_map_options options = resize_options(4, 1 << 16);
+  options.grow_load_factor = 2.0;
+  options.shrink_load_factor = 0.25;
+  u64_map map(options);
+  map.reserve(1000);
+  EXPECT_GE(static_cast<double>(map.stats().buckets) * 2.0, 1000.0);
+  EXPECT_EQ(map.stats().buckets, 512u);
+  map.reserve(10);  // never shrinks
+  EXPECT_EQ(map.stats().buckets, 512u);
+  EXPECT_TRUE(map.empty());
+}
+
+// reserve(n) exists so that n inserts do not resize; a table that shrinks back on the first
+// insert after reserve() defeats it.
+TEST(HashMap, InsertingTheReservedNumberOfElementsNeverResizes) {
+  u64_map map(resize_options(4, 1 << 16));
+  map.reserve(4096);
+  const grace::hash_map_stats reserved = map.stats();
+  ASSERT_EQ(reserved.buckets, 4096u);
+  for (std::uint64_t k = 0; k < 4096; ++k) ASSERT_TRUE(map.insert(k, k));
+  const grace::hash_map_stats filled = map.stats();
+  EXPECT_EQ(filled.grows, reserved.grows);
+  EXPECT_EQ(filled.shrinks, reserved.shrinks);
+  EXPECT_EQ(filled.buckets, 4096u);
+}
+
+// =============================================================================================
+// The model: randomized operations against std::unordered_map.
+
+// Each model type says how to make the i-th key and a value, and how update() changes one.
+struct u64_model {
+  static constexpr const char* kName = "U64Keys";
+  using key_type = std::uint64_t;
+  using value_type = std::uint64_t;
+  using hasher = absl::Hash<std::uint64_t>;
+  static constexpr std::size_t kKeys = 1024;
+  static key_type key(std::size_t i) { return i; }
+  static std::size_t index(const key_type& key) { return key; }
+  static value_type value(std::size_t i, std::uint64_t salt) { return (i << 32) ^ salt; }
+  static value_type bump(const value_type& v) { return v * 31 + 7; }
+};
+
+// hash = key % 7: seven chains of equal hashes, each ~40 long.
+struct collision_model {
+  static constexpr const char* kName = "KeysModSevenHash";
+  using key_type = std::uint64_t;
+  using value_type = checked_value;
+  using hasher = mod7_hash;
+  static constexpr std::size_t kKeys = 280;
+  static key_type key(std::size_t i) { return i; }
+  static std::size_t index(const key_type& key) { return key; }
+  static value_type value(std::size_t i, std::uint64_t salt) {
+    return checked_value::make(i, salt);
+  }
+  static value_type bump(const value_type& v) { return checked_value::make(v.key, v.version + 1); }
+};
+
+// Heap-allocated keys and values.
+struct string_model {
+  static constexpr const char* kName = "StringKeysAndValues";
+  using key_type = std::string;
+  using value_type = std::string;
+  using hasher = absl::Hash<std::string>;
+  static constexpr std::size_t kKeys = 512;
+  static key_type key(std::size_t i) {
+    return "string key long enough for the heap, number " + std::to_string(i);
+  }
+  static std::size_t index(const key_type& key) {
+    return std::stoul(key.substr(key.rfind(' ') + 1));
+  }
+  static value_type value(std::size_t i, std::uint64_t salt) {
+    return "value of " + std::to_string(i) + " salted " + std::to_string(salt) +
+           std::string(24, 'v');
+  }
+  static value_type bump(const value_type& v) { return v.substr(1) + v.front(); }
+};
+
+// Non-trivially destructible keys and values, every instance accounted for.
+lifetime_registry* g_model_registry = nullptr;
+struct lifetime_model {
+  static constexpr const char* kName = "NonTrivialKeysAndValues";
+  using key_type = lifetime_object;
+  using value_type = lifetime_object;
+  using hasher = absl::Hash<lifetime_object>;
+  static constexpr std::size_t kKeys = 768;
+  static key_type key(std::size_t i) { return lifetime_object(*g_model_registry, i); }
+  static std::size_t index(const key_type& key) { return key.payload(); }
+  static value_type value(std::size_t i, std::uint64_t salt) {
+    return lifetime_object(*g_model_registry, (i << 32) ^ salt);
+  }
+  static value_type bump(const value_type& v) {
+    return lifetime_object(*g_model_registry, v.payload() * 31 + 7);
+  }
+};
+
+std::uint64_t random_seed() {
+  if (const char* env = std::getenv("GRACE_MAP_SEED")) return std::strtoull(env, nullptr, 0);
+  std::random_device device;
+  return (std::uint64_t{device()} << 32) | device();
+}
+
+enum class model_op {
+  find,
+  contains,
+  visit,
+  pin_find,
+  insert,
+  try_emplace,
+  insert_or_assign,
+  assign,
+  update,
+  erase,
+  erase_if,
+  kCount
+};
+
+// Operation weights while the population grows (filling) and while it shrinks.
+constexpr int kFillWeights[] = {6, 3, 3, 3, 12, 6, 10, 4, 6, 3, 2};
+constexpr int kDrainWeights[] = {6, 3, 3, 3, 2, 2, 3, 4, 6, 14, 10};
+static_assert(std::size(kFillWeights) == static_cast<std::size_t>(model_op::kCount));
+static_assert(std::size(kDrainWeights) == static_cast<std::size_t>(model_op::kCount));
+
+model_op pick(std::mt19937_64& rng, const int (&weights)[static_cast<int>(model_op::kCount)]) {
+  int total = 0;
+  for (int w : weights) total += w;
+  int r = static_cast<int>(rng() % static_cast<std::uint64_t>(total));
+  for (int i = 0;; ++i) {
+    if (r < weights[i]) return static_cast<model_op>(i);
+    r -= weights[i];
+  }
+}
+
+// Runs `ops` random operations on a hash_map and on a std::unordered_map (keyed by the key's
+// index) and checks every return value, every value seen, size() after every operation, the
+// load factor after resizing operations, and the whole content with for_each() now and then.
+template <class M>
+void run_model(std::uint64_t seed, std::size_t ops) {
+  using key_type = typename M::key_type;
+  using value_type = typename M::value_type;
+  using map_type = grace::hash_map<key_type, value_type, typename M::hasher>;
+  constexpr std::size_t kMaxBuckets = 1 << 12;
+  map_type map(resize_options(1, kMaxBuckets));
+  std::unordered_map<std::size_t, value_type> model;
+  std::mt19937_64 rng(seed);
+  bool filling = true;
+  std::size_t phase_end = 0;
+  std::uint64_t salt = 0;
+
+  auto check_content = [&](std::size_t op) {
+    std::vector<int> seen(M::kKeys, 0);
+    std::size_t visited = 0;
+    map.for_each([&](const key_type& key, const value_type& value) {
+      ++visited;
+      const std::size_t i = M::index(key);
+      if (i >= M::kKeys || !(M::key(i) == key)) {
+        ADD_FAILURE() << "op " << op << ": for_each visited a key that was never inserted";
+        return;
+      }
+      ++seen[i];
+      const auto it = model.find(i);
+      EXPECT_TRUE(it != model.end() && it->second == value)
+          << "op " << op << ": for_each visited key " << i << " with a wrong value";
+    });
+    ASSERT_EQ(visited, model.size()) << "op " << op;
+    for (std::size_t i = 0; i < M::kKeys; ++i) {
+      ASSERT_EQ(seen[i], model.count(i) ? 1 : 0) << "op " << op << ": key " << i;
+    }
+  };
+
+  std::size_t reserved = 0;  // mirrors the map's reservation (see reserve())
+  for (std::size_t op = 0; op < ops; ++op) {
+    if (op == phase_end) {
+      filling = !filling;
+      phase_end = op + 500 + rng() % 4000;
+    }
+    const std::size_t i = rng() % M::kKeys;
+    const key_type key = M::key(i);
+    const auto it = model.find(i);
+    const bool present = it != model.end();
+    const std::uint64_t buckets_before = map.stats().buckets;
+    const std::size_t size_before = model.size();
+    bool counted_change = false;  // the operation inserted or erased
+
+    switch (pick(rng, filling ? kFillWeights : kDrainWeights)) {
+      case model_op::find: {
+        const std::optional<value_type> found = map.find(key);
+        ASSERT_EQ(found.has_value(), present) << "op " << op << ": find(" << i << ")";
+        if (present) {
+          ASSERT_TRUE(*found == it->second) << "op " << op << ": find(" << i << ")";
+        }
+        break;
+      }
+      case model_op::contains:
+        ASSERT_EQ(map.contains(key), present) << "op " << op << ": contains(" << i << ")";
+        break;
+      case model_op::visit: {
+        int calls = 0;
+        bool same = false;
+        const bool visited = map.visit(key, [&](const value_type& v) {
+          ++calls;
+          same = present && v == it->second;
+        });
+        ASSERT_EQ(visited, present) << "op " << op << ": visit(" << i << ")";
+        ASSERT_EQ(calls, present ? 1 : 0) << "op " << op << ": visit(" << i << ")";
+        if (present) {
+          ASSERT_TRUE(same) << "op " << op << ": visit(" << i << ")";
+        }
+        break;
+      }
+      case model_op::pin_find: {
+        auto view = map.pin();
+        const value_type* p = view.find(key);
+        ASSERT_EQ(p != nullptr, present) << "op " << op << ": pin().find(" << i << ")";
+        if (present) {
+          ASSERT_TRUE(*p == it->second) << "op " << op << ": pin().find(" << i << ")";
+        }
+        ASSERT_EQ(view.contains(key), present) << "op " << op;
+        break;
+      }
+      case model_op::insert: {
+        value_type v = M::value(i, ++salt);
+        ASSERT_EQ(map.insert(key, v), !present) << "op " << op << ": insert(" << i << ")";
+        if (!present) model.emplace(i, std::move(v));
+        counted_change = !present;
+        break;
+      }
+      case model_op::try_emplace: {
+        const value_type v = M::value(i, ++salt);
+        ASSERT_EQ(map.try_emplace(key, v), !present) << "op " << op << ": try_emplace(" << i << ")";
+        if (!present) model.emplace(i, v);
+        counted_change = !present;
+        break;
+      }
+      case model_op::insert_or_assign: {
+        const value_type v = M::value(i, ++salt);
+        ASSERT_EQ(map.insert_or_assign(key, v), !present)
+            << "op " << op << ": insert_or_assign(" << i << ")";
+        model.insert_or_assign(i, v);
+        counted_change = !present;
+        break;
+      }
+      case model_op::assign: {
+        const value_type v = M::value(i, ++salt);
+        ASSERT_EQ(map.assign(key, v), present) << "op " << op << ": assign(" << i << ")";
+        if (present) it->second = v;
+        break;
+      }
+      case model_op::update: {
+        int calls = 0;
+        bool saw_current = false;
+        const bool updated = map.update(key, [&](const value_type& old) {
+          ++calls;
+          saw_current = present && old == it->second;
+          return M::bump(old);
+        });
+        ASSERT_EQ(updated, present) << "op " << op << ": update(" << i << ")";
+        ASSERT_EQ(calls, present ? 1 : 0) << "op " << op << ": update(" << i << ")";
+        if (present) {
+          ASSERT_TRUE(saw_current) << "op " << op << ": update(" << i << ") saw a stale value";
+          it->second = M::bump(it->second);
+        }
+        break;
+      }
+      case model_op::erase:
+        ASSERT_EQ(map.erase(key), present) << "op " << op << ": erase(" << i << ")";
+        if (present) model.erase(it);
+        counted_change = present;
+        break;
+      case model_op::erase_if: {
+        const bool want = (rng() & 1) != 0;
+        int calls = 0;
+        bool saw_current = false;
+        const bool erased = map.erase_if(key, [&](const value_type& v) {
+          ++calls;
+          saw_current = present && v == it->second;
+          return want;
+        });
+        ASSERT_EQ(erased, present && want) << "op " << op << ": erase_if(" << i << ")";
+        ASSERT_EQ(calls, present ? 1 : 0) << "op " << op << ": erase_if(" << i << ")";
+        if (present) {
+          ASSERT_TRUE(saw_current) << "op " << op << ": erase_if(" << i << ")";
+        }
+        if (present && want) model.erase(it);
+        counted_change = present && want;
+        break;
+      }
+      case model_op::kCount:
+        break;
+    }
+    ASSERT_EQ(map.size(), model.size()) << "op " << op;
+
+    // Single-threaded, the load factor is in bounds after every counted change on a table
+    // of at most 256 buckets (larger tables check a hash-chosen sample of updates).
+    const grace::hash_map_stats s = map.stats();
+    ASSERT_GE(s.buckets, 1u);
+    ASSERT_LE(s.buckets, kMaxBuckets);
+    // A reservation keeps inserts from shrinking the table until the map first holds that
+    // many elements; erases still shrink it.
+    if (counted_change && model.size() >= reserved) reserved = 0;
+    const bool inserted = counted_change && model.size() > size_before;
+    if (counted_change && buckets_before <= 256) {
+      ASSERT_LE(static_cast<double>(s.size), static_cast<double>(s.buckets))
+          << "op " << op << ": the table did not grow";
+      ASSERT_TRUE((inserted && reserved != 0) || s.buckets == 1 ||
+                  static_cast<double>(s.size) >= 0.125 * s.buckets)
+          << "op " << op << ": the table did not shrink (size " << s.size << ", buckets "
+          << s.buckets << ")";
+    }
+
+    // The rare whole-map operations.
+    const std::uint64_t rare = rng() % 65536;
+    if (rare < 16) {
+      const std::size_t wanted = rng() % (2 * M::kKeys);
+      map.reserve(wanted);
+      reserved = std::max(reserved, wanted);
+    } else if (rare == 16) {
+      map.clear();
+      model.clear();
+      reserved = 0;
+      ASSERT_TRUE(map.empty()) << "op " << op << ": clear()";
+    }
+    if (op % 20000 == 19999) {
+      check_content(op);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  check_content(ops);
+  if (::testing::Test::HasFatalFailure()) return;
+  const grace::hash_map_stats s = map.stats();
+  EXPECT_GT(s.grows, 0u) << "the run never grew the table";
+  EXPECT_GT(s.shrinks, 0u) << "the run never shrank the table";
+}
+
+template <class M>
+class HashMapModel : public ::testing::Test {
+ protected:
+  // The model's operation budget per seed; a few million operations over the whole suite.
+  static std::size_t budget() { return gt::iterations(800'000); }
+
+  void run(std::uint64_t seed) {
+    SCOPED_TRACE(::testing::Message()
+                 << "seed " << seed << " (replay with GRACE_MAP_SEED=" << seed << ")");
+    std::unique_ptr<lifetime_registry> registry;
+    if constexpr (std::is_same_v<M, lifetime_model>) {
+      registry = std::make_unique<lifetime_registry>(std::size_t{16} << 20);
+      g_model_registry = registry.get();
+    }
+    run_model<M>(seed, budget());
+    if constexpr (std::is_same_v<M, lifetime_model>) {
+      // The map and the model are gone (run_model's scope): every instance ever made is
+      // destroyed exactly once.
+      EXPECT_TRUE(registry->each_destroyed_once());
+      g_model_registry = nullptr;
+    }
+  }
+};
+
+struct model_names {
+  template <class M>
+  static std::string GetName(int) {
+    return M::kName;
+  }
+};
+
+using model_types = ::testing::Types<u64_model, collision_model, string_model, lifetime_model>;
+TYPED_TEST_SUITE(HashMapModel, model_types, model_names);
+
+TYPED_TEST(HashMapModel, MatchesStdUnorderedMapWithFixedSeeds) {
+  for (std::uint64_t seed : {0x5eed0001ULL, 0xdecafbadULL}) {
+    this->run(seed);
+    if (this->HasFailure()) return;
+  }
+}
+
+TYPED_TEST(HashMapModel, MatchesStdUnorderedMapWithARandomSeed) {
+  const std::uint64_t seed = random_seed();
+  this->RecordProperty("seed", std::to_string(seed));
+  this->run(seed);
+}
+
+// =============================================================================================
+// Lifetime accounting.
+
+TEST(HashMap, ErasedAndReplacedElementsAreDestroyedExactlyOnceAfterBarrier) {
+  lifetime_registry registry(1 << 16);
+  {
+    lifetime_map map;
+    constexpr std::uint64_t kCount = 1000;
+    for (std::uint64_t k = 0; k < kCount; ++k) {
+      ASSERT_TRUE(map.insert(lifetime_object(registry, k), lifetime_object(registry, k)));
+    }
+    ASSERT_EQ(registry.live(), 2 * static_cast<std::int64_t>(kCount));  // a key and a value each
+    for (std::uint64_t k = 0; k < kCount; ++k) {
+      const lifetime_object key(registry, k);
+      switch (k % 4) {
+        case 0:
+          ASSERT_TRUE(map.erase(key));
+          break;
+        case 1:
+          ASSERT_FALSE(map.insert_or_assign(key, lifetime_object(registry, k + 1)));
+          break;
+        case 2:
+          ASSERT_TRUE(map.assign(key, lifetime_object(registry, k + 2)));
+          break;
+        case 3:
+          ASSERT_TRUE(map.update(key, [&](const lifetime_object& old) {
+            return lifetime_object(registry, old.payload() + 3);
+          }));
+          break;
+      }
+    }
+    map.reclamation_domain().barrier();
+    // Left: 750 elements, each a key and a value.
+    EXPECT_EQ(registry.live(), 2 * 750);
+    EXPECT_EQ(registry.corrupt(), 0u);
+    EXPECT_EQ(map.size(), 750u);
+  }
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+TEST(HashMap, ClearDestroysTheErasedElementsBeforeItReturns) {
+  lifetime_registry registry(1 << 16);
+  {
+    lifetime_map map;
+    for (std::uint64_t k = 0; k < 1000; ++k) {
+      ASSERT_TRUE(map.insert(lifetime_object(registry, k), lifetime_object(registry, k)));
+    }
+    map.clear();
+    EXPECT_EQ(registry.live(), 0);  // no barrier needed: clear() waited
+    EXPECT_TRUE(map.empty());
+  }
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+TEST(HashMap, DestroyingTheMapDestroysEveryElementExactlyOnce) {
+  lifetime_registry registry(1 << 16);
+  {
+    lifetime_map map;
+    for (std::uint64_t k = 0; k < 5000; ++k) {
+      ASSERT_TRUE(map.insert(lifetime_object(registry, k), lifetime_object(registry, k)));
+    }
+    for (std::uint64_t k = 0; k < 5000; k += 2)
+      ASSERT_TRUE(map.erase(lifetime_object(registry, k)));
+    EXPECT_GT(registry.live(), 0);
+  }
+  EXPECT_EQ(registry.live(), 0);
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+TEST(HashMap, AnElementErasedInsideAReadSectionStaysIntactUntilTheSectionEnds) {
+  lifetime_registry registry(1 << 12);
+  lifetime_map map;
+  for (std::uint64_t k = 0; k < 10; ++k) {
+    ASSERT_TRUE(map.insert(lifetime_object(registry, k), lifetime_object(registry, k * 100)));
+  }
+  std::vector<const lifetime_object*> held;
+  {
+    auto view = map.pin();
+    for (std::uint64_t k = 0; k < 10; ++k) held.push_back(view.find(lifetime_object(registry, k)));
+    for (std::uint64_t k = 0; k < 10; k += 2) ASSERT_TRUE(map.erase(lifetime_object(registry, k)));
+    for (std::uint64_t k = 1; k < 10; k += 2) {
+      ASSERT_FALSE(
+          map.insert_or_assign(lifetime_object(registry, k), lifetime_object(registry, 7)));
+    }
+    std::this_thread::sleep_for(20ms);  // let the domain's engine run if it were to
+    for (std::uint64_t k = 0; k < 10; ++k) {
+      ASSERT_NE(held[k], nullptr);
+      EXPECT_TRUE(held[k]->intact()) << k;
+      EXPECT_EQ(held[k]->payload(), k * 100) << k;
+    }
+    EXPECT_EQ(view.find(lifetime_object(registry, 0)), nullptr);
+    EXPECT_EQ(view.find(lifetime_object(registry, 1))->payload(), 7u);
+  }
+  map.reclamation_domain().barrier();
+  EXPECT_EQ(registry.live(), 2 * 5);  // five elements left
+}
+
+TEST(HashMap, ALosingTryEmplaceOrInsertBuildsNothingThatOutlivesIt) {
+  lifetime_registry registry(1 << 12);
+  {
+    lifetime_map map;
+    ASSERT_TRUE(map.insert(lifetime_object(registry, 1), lifetime_object(registry, 10)));
+    const std::int64_t live = registry.live();
+    EXPECT_FALSE(map.try_emplace(lifetime_object(registry, 1), registry, 11));
+    EXPECT_FALSE(map.insert(lifetime_object(registry, 1), lifetime_object(registry, 12)));
+    EXPECT_FALSE(map.assign(lifetime_object(registry, 2), lifetime_object(registry, 13)));
+    EXPECT_FALSE(map.update(lifetime_object(registry, 2),
+                            [&](const lifetime_object&) { return lifetime_object(registry, 0); }));
+    EXPECT_EQ(registry.live(), live);
+  }
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+// =============================================================================================
+// Allocation failure and exceptions from user types.
+
+// A map whose pool takes its memory from `allocator`, with small caches so that the pool
+// soon needs fresh memory.
+template <class Map>
+std::unique_ptr<Map> map_on(gt::failing_allocator& allocator) {
+  grace::hash_map_options options;
+  options.pool.allocator = allocator.get();
+  options.pool.low_watermark = 1;
+  options.pool.high_watermark = 2;
+  options.pool.batch = 1;
+  return std::make_unique<Map>(options);
+}
+
+TEST(HashMap, InsertIntoAMapWithoutMemoryThrowsBadAllocAndChangesNothing) {
+  gt::failing_allocator allocator;
+  {
+    auto map = map_on<u64_map>(allocator);
+    allocator.fail_all(true);
+    EXPECT_THROW(map->insert(1, 10), std::bad_alloc);
+    EXPECT_THROW(map->insert_or_assign(1, 10), std::bad_alloc);
+    EXPECT_THROW(map->try_emplace(1, 10), std::bad_alloc);
+    EXPECT_FALSE(grace::in_read_section());
+    EXPECT_TRUE(map->empty());
+    EXPECT_FALSE(map->contains(1));
+    allocator.fail_all(false);
+    EXPECT_TRUE(map->insert(1, 10));
+    EXPECT_EQ(map->find(1), 10u);
+  }
+  EXPECT_EQ(allocator.live_allocations(), 0);
+  EXPECT_EQ(allocator.live_bytes(), 0);
+}
+
+// Inserts fresh keys while every system allocation fails, until the pool's cached objects
+// run out and an insert throws; checks that insert and the map after it. Returns the key
+// whose insert threw.
+template <class Map, class MakeValue>
+std::uint64_t insert_until_bad_alloc(
+    Map& map, std::unordered_map<std::uint64_t, typename Map::mapped_type>& model,
+    std::uint64_t first_key, MakeValue make_value) {
+  for (std::uint64_t key = first_key; key < first_key + 100'000; ++key) {
+    try {
+      EXPECT_TRUE(map.insert(key, make_value(key)));
+      model.emplace(key, make_value(key));
+    } catch (const std::bad_alloc&) {
+      EXPECT_FALSE(grace::in_read_section());
+      EXPECT_FALSE(map.contains(key));
+      EXPECT_TRUE(holds_exactly(map, model));
+      return key;
+    }
+  }
+  ADD_FAILURE() << "no insert failed in 100000 tries while every allocation failed";
+  return 0;
+}
+
+TEST(HashMap, InsertThatNeedsFreshPoolMemoryThrowsBadAllocAndLeavesTheMapUnchanged) {
+  gt::failing_allocator allocator;
+  {
+    auto map = map_on<u64_map>(allocator);
+    std::unordered_map<std::uint64_t, std::uint64_t> model;
+    for (std::uint64_t k = 0; k < 100; ++k) {
+      ASSERT_TRUE(map->insert(k, k * 10));
+      model.emplace(k, k * 10);
+    }
+    allocator.fail_all(true);
+    const std::uint64_t failed =
+        insert_until_bad_alloc(*map, model, 1000, [](std::uint64_t k) { return k * 10; });
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    EXPECT_GT(allocator.failures(), 0u);
+    // Without memory an insert of a present key still just says "present".
+    EXPECT_FALSE(map->insert(5, 0));
+    EXPECT_EQ(map->find(5), 50u);
+    // Erasing needs no memory.
+    EXPECT_TRUE(map->erase(5));
+    model.erase(5);
+    EXPECT_TRUE(holds_exactly(*map, model));
+    allocator.fail_all(false);
+    EXPECT_TRUE(map->insert(failed, 1));
+    model.emplace(failed, 1);
+    EXPECT_TRUE(holds_exactly(*map, model));
+  }
+  EXPECT_EQ(allocator.live_allocations(), 0);
+}
+
+TEST(HashMap, ReplacingUpdatesThatCannotAllocateThrowBadAllocAndKeepTheOldValue) {
+  gt::failing_allocator allocator;
+  lifetime_registry registry(1 << 20);
+  {
+    using map_type = grace::hash_map<std::uint64_t, lifetime_object>;
+    auto map = map_on<map_type>(allocator);
+    std::unordered_map<std::uint64_t, lifetime_object> model;
+    for (std::uint64_t k = 0; k < 100; ++k) {
+      ASSERT_TRUE(map->insert(k, lifetime_object(registry, k)));
+      model.emplace(k, lifetime_object(registry, k));
+    }
+    allocator.fail_all(true);
+    insert_until_bad_alloc(*map, model, 1000,
+                           [&](std::uint64_t k) { return lifetime_object(registry, k); });
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    // Each replacing update either succeeds (the pool still had a recycled object) or throws
+    // and leaves the old value; keep trying until each has thrown once.
+    for (int which = 0; which < 3; ++which) {
+      bool threw = false;
+      for (int attempt = 0; attempt < 100'000 && !threw; ++attempt) {
+        const std::uint64_t key = static_cast<std::uint64_t>(attempt % 100);
+        const std::uint64_t fresh = 1'000'000 + static_cast<std::uint64_t>(attempt);
+        try {
+          if (which == 0) {
+            EXPECT_FALSE(map->insert_or_assign(key, lifetime_object(registry, fresh)));
+          } else if (which == 1) {
+            EXPECT_TRUE(map->assign(key, lifetime_object(registry, fresh)));
+          } else {
+            EXPECT_TRUE(map->update(
+                key, [&](const lifetime_object&) { return lifetime_object(registry, fresh); }));
+          }
+          model.insert_or_assign(key, lifetime_object(registry, fresh));
+        } catch (const std::bad_alloc&) {
+          threw = true;
+          EXPECT_FALSE(grace::in_read_section());
+          EXPECT_TRUE(holds_exactly(*map, model)) << "operation " << which;
+        }
+      }
+      EXPECT_TRUE(threw) << "operation " << which << " never failed";
+    }
+    allocator.fail_all(false);
+    map->clear();
+    model.clear();
+    EXPECT_EQ(registry.live(), 0);
+  }
+  EXPECT_TRUE(registry.each_destroyed_once());
+  EXPECT_EQ(allocator.live_allocations(), 0);
+}
+
+// Countdowns for the throwing user types: the n-th call from arming throws, once.
+// Single-threaded tests only.
+struct countdown {
+  long remaining = 0;
+  void arm(long n) { remaining = n; }
+  void disarm() { remaining = 0; }
+  bool fire() { return remaining > 0 && --remaining == 0; }
+};
+countdown g_hash_countdown;
+countdown g_equal_countdown;
+countdown g_copy_countdown;
+
+struct hash_error : std::runtime_error {
+  hash_error() : std::runtime_error("hash") {}
+};
+struct equal_error : std::runtime_error {
+  equal_error() : std::runtime_error("equal") {}
+};
+struct copy_error : std::runtime_error {
+  copy_error() : std::runtime_error("copy") {}
+};
+
+// Three hashes only, so KeyEqual runs on every lookup.
+struct throwing_hash {
+  std::size_t operator()(const lifetime_object& key) const {
+    if (g_hash_countdown.fire()) throw hash_error();
+    return key.payload() % 3;
+  }
+};
+struct throwing_equal {
+  bool operator()(const lifetime_object& a, const lifetime_object& b) const {
+    if (g_equal_countdown.fire()) throw equal_error();
+    return a == b;
+  }
+};
+// A value whose copies (there is no move constructor) throw when the countdown fires.
+class fragile_value {
+ public:
+  fragile_value(lifetime_registry& registry, std::uint64_t payload) : inner_(registry, payload) {}
+  fragile_value(const fragile_value& other) : inner_(copy_checked(other.inner_)) {}
+  fragile_value& operator=(const fragile_value&) = default;
+  std::uint64_t payload() const { return inner_.payload(); }
+  friend bool operator==(const fragile_value& a, const fragile_value& b) {
+    return a.inner_ == b.inner_;
+  }
+
+ private:
+  static const lifetime_object& copy_checked(const lifetime_object& from) {
+    if (g_copy_countdown.fire()) throw copy_error();
+    return from;
+  }
+  lifetime_object inner_;
+};
+
+using fragile_map = grace::hash_map<lifetime_object, fragile_value, throwing_hash, throwing_equal>;
+
+// Runs every operation of the map with the countdown `c` armed at 1, 2, ..., until the
+// operation completes without throwing; after every exception the map must be unchanged,
+// outside any read section, and usable. At the end every instance is accounted for.
+template <class Exception>
+void check_throwing(countdown& c) {
+  lifetime_registry registry(1 << 20);
+  {
+    fragile_map map(resize_options(1, 64));
+    std::unordered_map<std::uint64_t, std::uint64_t> model;  // key payload -> value payload
+    auto key = [&](std::uint64_t k) { return lifetime_object(registry, k); };
+    auto check = [&](const char* what, long n) {
+      EXPECT_FALSE(grace::in_read_section()) << what << ", countdown " << n;
+      EXPECT_EQ(map.size(), model.size()) << what << ", countdown " << n;
+      // Once reclamation caught up, the only instances alive are the elements' keys and
+      // values: whatever the operation built and threw away is gone.
+      map.reclamation_domain().barrier();
+      EXPECT_EQ(registry.live(), 2 * static_cast<std::int64_t>(model.size()))
+          << what << ", countdown " << n << ": instances leaked";
+      std::size_t visited = 0;
+      map.for_each([&](const lifetime_object& k, const fragile_value& v) {
+        ++visited;
+        const auto it = model.find(k.payload());
+        EXPECT_TRUE(it != model.end() && it->second == v.payload())
+            << what << ", countdown " << n << ": key " << k.payload();
+      });
+      EXPECT_EQ(visited, model.size()) << what << ", countdown " << n;
+    };
+    for (std::uint64_t k = 0; k < 12; ++k) {
+      ASSERT_TRUE(map.insert(key(k), fragile_value(registry, k)));
+      model[k] = k;
+    }
+    std::uint64_t next = 100;
+    // Each entry: a name, and the operation (which applies itself to the model on success).
+    const std::vector<std::pair<const char*, std::function<void()>>> operations = {
+        {"insert",
+         [&] {
+           if (map.insert(key(next), fragile_value(registry, next))) model[next] = next;
+           ++next;
+         }},
+        {"try_emplace",
+         [&] {
+           if (map.try_emplace(key(next), registry, next)) model[next] = next;
+           ++next;
+         }},
+        {"insert_or_assign (new)",
+         [&] {
+           map.insert_or_assign(key(next), fragile_value(registry, next));
+           model[next] = next;
+           ++next;
+         }},
+        {"insert_or_assign (present)",
+         [&] {
+           map.insert_or_assign(key(4), fragile_value(registry, next));
+           model[4] = next;
+           ++next;
+         }},
+        {"assign",
+         [&] {
+           if (map.assign(key(5), fragile_value(registry, next))) model[5] = next;
+           ++next;
+         }},
+        {"update",
+         [&] {
+           if (map.update(key(6),
+                          [&](const fragile_value&) { return fragile_value(registry, next); }))
+             model[6] = next;
+           ++next;
+         }},
+        {"find",
+         [&] {
+           const auto v = map.find(key(7));
+           EXPECT_TRUE(v.has_value());
+         }},
+        {"contains", [&] { EXPECT_TRUE(map.contains(key(8))); }},
+        {"visit", [&] { EXPECT_TRUE(map.visit(key(8), [](const fragile_value&) {})); }},
+        {"pin().find",
+         [&] {
+           auto view = map.pin();
+           EXPECT_NE(view.find(key(8)), nullptr);
+         }},
+        {"erase",
+         [&] {
+           if (map.erase(key(9))) model.erase(9);
+         }},
+        {"erase_if",
+         [&] {
+           if (map.erase_if(key(10), [](const fragile_value&) { return true; })) model.erase(10);
+         }},
+        {"clear",
+         [&] {
+           map.clear();
+           model.clear();
+         }},
+    };
+    for (const auto& [what, operation] : operations) {
+      for (long n = 1; n < 100; ++n) {
+        c.arm(n);
+        try {
+          operation();
+          c.disarm();
+          break;  // completed before the countdown fired
+        } catch (const Exception&) {
+          c.disarm();
+          if (std::string_view(what) == "clear") {
+            // A clear() that throws may have erased some elements: what is left must be a
+            // subset of what was there, and size() must count exactly that.
+            std::unordered_map<std::uint64_t, std::uint64_t> left;
+            map.for_each([&](const lifetime_object& k, const fragile_value& v) {
+              EXPECT_TRUE(model.count(k.payload()) == 1 && model[k.payload()] == v.payload());
+              left[k.payload()] = v.payload();
+            });
+            model = std::move(left);
+          }
+          check(what, n);
+        }
+        if (::testing::Test::HasFailure()) break;
+      }
+      c.disarm();
+      check(what, 0);
+      if (::testing::Test::HasFailure()) break;
+      // Put back what erase/clear took, for the next operations.
+      for (std::uint64_t k = 0; k < 12; ++k) {
+        if (map.insert(key(k), fragile_value(registry, k))) model[k] = k;
+      }
+    }
+    map.clear();
+    model.clear();
+    // Every instance the operations made, used or thrown away, is gone.
+    EXPECT_EQ(registry.live(), 0) << "instances leaked by an operation that threw";
+  }
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+TEST(HashMap, AThrowingHashReachesTheCallerAndLeavesTheMapConsistent) {
+  check_throwing<hash_error>(g_hash_countdown);
+}
+
+TEST(HashMap, AThrowingKeyEqualReachesTheCallerAndLeavesTheMapConsistent) {
+  check_throwing<equal_error>(g_equal_countdown);
+}
+
+TEST(HashMap, AThrowingValueCopyReachesTheCallerAndLeavesTheMapConsistent) {
+  check_throwing<copy_error>(g_copy_countdown);
+}
+
+TEST(HashMap, AnExceptionFromAUserFunctionEndsTheReadSection) {
+  u64_map map;
+  ASSERT_TRUE(map.insert(1, 10));
+  EXPECT_THROW(map.visit(1, [](const std::uint64_t&) { throw std::runtime_error("visit"); }),
+               std::runtime_error);
+  EXPECT_FALSE(grace::in_read_section());
+  EXPECT_THROW(
+      map.update(1,
+                 [](const std::uint64_t&) -> std::uint64_t { throw std::runtime_error("update"); }),
+      std::runtime_error);
+  EXPECT_FALSE(grace::in_read_section());
+  EXPECT_THROW(
+      map.erase_if(1, [](const std::uint64_t&) -> bool { throw std::runtime_error("erase_if"); }),
+      std::runtime_error);
+  EXPECT_FALSE(grace::in_read_section());
+  EXPECT_THROW(map.for_each([](const std::uint64_t&, const std::uint64_t&) {
+    throw std::runtime_error("for_each");
+  }),
+               std::runtime_error);
+  EXPECT_FALSE(grace::in_read_section());
+  EXPECT_EQ(map.find(1), 10u);
+  EXPECT_EQ(map.size(), 1u);
+  gt::watchdog dog(kNoDeadlock, "synchronize() after exceptions from user functions");
+  map.reclamation_domain().synchronize();
+}
+
+// =============================================================================================
+// Concurrency: races on one key.
+
+constexpr unsigned kRacers = 4;
+
+// Runs `rounds` rounds; in each, every one of kRacers threads calls race(thread, round) at
+// about the same instant (a std::barrier per round), then check(round) runs on one thread
+// while the others wait.
+template <class Race, class Check>
+void race_rounds(std::size_t rounds, Race race, Check check) {
+  std::barrier sync(kRacers);
+  gt::run_threads(kRacers, [&](unsigned thread) {
+    for (std::size_t round = 0; round < rounds; ++round) {
+      race(thread, round);
+      sync.arrive_and_wait();
+      if (thread == 0) check(round);
+      sync.arrive_and_wait();
+    }
+  });
+}
+
+TEST(HashMap, RacingInsertsOfOneKeyHaveExactlyOneWinner) {
+  u64_map map(resize_options(1, 1 << 16));
+  std::atomic<unsigned> winners{0};
+  std::atomic<unsigned> winner{0};
+  const std::size_t rounds = gt::iterations(4000);
+  race_rounds(
+      rounds,
+      [&](unsigned thread, std::size_t round) {
+        if (map.insert(round, thread)) {
+          // Relaxed (both): read by the checker after the round's barrier, which orders them.
+          winners.fetch_add(1, std::memory_order_relaxed);
+          winner.store(thread, std::memory_order_relaxed);
+        }
+      },
+      [&](std::size_t round) {
+        // Relaxed (all): ordered by the round's barrier.
+        ASSERT_EQ(winners.exchange(0, std::memory_order_relaxed), 1u) << "round " << round;
+        EXPECT_EQ(map.find(round), winner.load(std::memory_order_relaxed)) << "round " << round;
+      });
+  EXPECT_EQ(map.size(), rounds);
+}
+
+TEST(HashMap, RacingTryEmplacesHaveOneWinnerAndDestroyEveryLosersValue) {
+  lifetime_registry registry(std::size_t{1} << 22);
+  {
+    grace::hash_map<std::uint64_t, lifetime_object> map(resize_options(1, 1 << 16));
+    std::atomic<unsigned> winners{0};
+    const std::size_t rounds = gt::iterations(4000);
+    race_rounds(
+        rounds,
+        [&](unsigned thread, std::size_t round) {
+          if (map.try_emplace(round, registry, round * kRacers + thread)) {
+            // Relaxed: read after the round's barrier.
+            winners.fetch_add(1, std::memory_order_relaxed);
+          }
+        },
+        [&](std::size_t round) {
+          // Relaxed: ordered by the round's barrier.
+          ASSERT_EQ(winners.exchange(0, std::memory_order_relaxed), 1u) << "round " << round;
+        });
+    map.reclamation_domain().barrier();
+    // One value per key is left; every loser's value (if it built one) is gone.
+    EXPECT_EQ(registry.live(), static_cast<std::int64_t>(rounds));
+  }
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+TEST(HashMap, RacingErasesOfOneKeyHaveExactlyOneWinner) {
+  u64_map map(resize_options(1, 1 << 16));
+  std::atomic<unsigned> winners{0};
+  const std::size_t rounds = gt::iterations(4000);
+  for (std::size_t k = 0; k < rounds; ++k) ASSERT_TRUE(map.insert(k, k));
+  race_rounds(
+      rounds,
+      [&](unsigned, std::size_t round) {
+        // Relaxed: read after the round's barrier.
+        if (map.erase(round)) winners.fetch_add(1, std::memory_order_relaxed);
+      },
+      [&](std::size_t round) {
+        // Relaxed: ordered by the round's barrier.
+        ASSERT_EQ(winners.exchange(0, std::memory_order_relaxed), 1u) << "round " << round;
+        EXPECT_FALSE(map.contains(round));
+      });
+  EXPECT_TRUE(map.empty());
+}
+
+TEST(HashMap, RacingInsertOrAssignsInsertOnceAndKeepOneOfTheWrittenValues) {
+  u64_map map(resize_options(1, 1 << 16));
+  std::atomic<unsigned> inserted{0};
+  const std::size_t rounds = gt::iterations(4000);
+  race_rounds(
+      rounds,
+      [&](unsigned thread, std::size_t round) {
+        for (unsigned i = 0; i < 3; ++i) {
+          // Relaxed: read after the round's barrier.
+          if (map.insert_or_assign(round, thread * 10 + i)) {
+            inserted.fetch_add(1, std::memory_order_relaxed);
+          }
+        }
+      },
+      [&](std::size_t round) {
+        // Relaxed: ordered by the round's barrier.
+        ASSERT_EQ(inserted.exchange(0, std::memory_order_relaxed), 1u) << "round " << round;
+        const std::optional<std::uint64_t> v = map.find(round);
+        ASSERT_TRUE(v.has_value());
+        // The last write of some thread.
+        EXPECT_EQ(*v % 10, 2u) << "round " << round;
+        EXPECT_LT(*v / 10, kRacers) << "round " << round;
+        std::size_t visits = 0;
+        map.for_each([&](const std::uint64_t& key, const std::uint64_t&) {
+          if (key == round) ++visits;
+        });
+        EXPECT_EQ(visits, 1u) << "round " << round;
+      });
+  EXPECT_EQ(map.size(), rounds);
+}
+
+TEST(HashMap, UpdateAppliesEveryIncrementExactlyOnce) {
+  u64_map map;
+  ASSERT_TRUE(map.insert(7, 0));
+  const std::size_t per_thread = gt::iterations(40'000);
+  std::atomic<std::uint64_t> calls{0};
+  gt::run_threads(kRacers, [&](unsigned) {
+    for (std::size_t i = 0; i < per_thread; ++i) {
+      ASSERT_TRUE(map.update(7, [&](const std::uint64_t& old) {
+        calls.fetch_add(1, std::memory_order_relaxed);  // Relaxed: a tally read after join.
+        return old + 1;
+      }));
+    }
+  });
+  EXPECT_EQ(map.find(7), kRacers * per_thread);
+  EXPECT_GE(calls.load(std::memory_order_relaxed), kRacers * per_thread);  // Relaxed: joined.
+  EXPECT_EQ(map.size(), 1u);
+}
+
+TEST(HashMap, RacingInsertsAndErasesOfOneKeyKeepTheCountExact) {
+  u64_map map;
+  std::atomic<std::int64_t> net{0};
+  const std::size_t per_thread = gt::iterations(40'000);
+  gt::run_threads(kRacers, [&](unsigned thread) {
+    for (std::size_t i = 0; i < per_thread; ++i) {
+      bool changed = false;
+      std::int64_t delta = 0;
+      switch ((i + thread) % 4) {
+        case 0:
+          changed = map.insert(1, i);
+          delta = 1;
+          break;
+        case 1:
+          changed = map.insert_or_assign(1, i);
+          delta = 1;
+          break;
+        case 2:
+          changed = map.erase(1);
+          delta = -1;
+          break;
+        case 3:
+          changed = map.erase_if(1, [](const std::uint64_t& v) { return v % 2 == 0; });
+          delta = -1;
+          break;
+      }
+      // Relaxed: a tally read after join.
+      if (changed) net.fetch_add(delta, std::memory_order_relaxed);
+    }
+  });
+  const std::int64_t present = map.contains(1) ? 1 : 0;
+  EXPECT_EQ(net.load(std::memory_order_relaxed), present);  // Relaxed: joined.
+  EXPECT_EQ(map.size(), static_cast<std::size_t>(present));
+}
+
+// A reader's pinned view keeps its pointers valid and their values unchanged while another
+// thread erases and replaces those keys, then waits for a grace period (which must not end
+// while the view lives) and reclamation, then churns the pool with fresh elements that would
+// reuse any element released early.
+template <class Value, class Make, class Intact>
+void check_pinned_view_survives_writers(Make make, Intact intact) {
+  constexpr std::uint64_t kKeys = 256;
+  grace::hash_map_options options = resize_options(1024, 1024);  // no resizes
+  grace::hash_map<std::uint64_t, Value> map(options);
+  for (std::uint64_t k = 0; k < kKeys; ++k) ASSERT_TRUE(map.insert(k, make(k, 0)));
+  std::atomic<int> stage{0};
+  gt::watchdog dog(kNoDeadlock, "pinned view against erasing and replacing writers");
+  std::thread reader([&] {
+    auto view = map.pin();
+    std::vector<const Value*> held(kKeys);
+    for (std::uint64_t k = 0; k < kKeys; ++k) held[k] = view.find(k);
+    // Release: the writer starts only once every pointer was taken; pairs with its Acquire.
+    stage.store(1, std::memory_order_release);
+    // Acquire: the writer's erases and replacements happened before; pairs with its Release.
+    EXPECT_TRUE(gt::eventually([&] { return stage.load(std::memory_order_acquire) >= 2; }, 30s));
+    // The writer is in synchronize() now. Give it time to (wrongly) return, reclaim and reuse.
+    // Acquire: pairs with the writer's last Release.
+    const bool grace_period_ended =
+        gt::eventually([&] { return stage.load(std::memory_order_acquire) == 3; }, 100ms);
+    EXPECT_FALSE(grace_period_ended) << "a grace period ended while a pinned view lived";
+    for (std::uint64_t k = 0; k < kKeys; ++k) {
+      ASSERT_NE(held[k], nullptr) << k;
+      EXPECT_TRUE(intact(*held[k], k, 0)) << "key " << k << " changed under a pinned view";
+    }
+    for (std::uint64_t k = 0; k < kKeys; ++k) {
+      const Value* now = view.find(k);
+      if (k % 2 == 0) {
+        EXPECT_EQ(now, nullptr) << k;
+      } else {
+        ASSERT_NE(now, nullptr) << k;
+        EXPECT_TRUE(intact(*now, k, 1)) << k;
+      }
+    }
+  });
+  std::thread writer([&] {
+    // Acquire: pairs with the reader's first Release.
+    ASSERT_TRUE(gt::eventually([&] { return stage.load(std::memory_order_acquire) == 1; }, 30s));
+    for (std::uint64_t k = 0; k < kKeys; ++k) {
+      if (k % 2 == 0) {
+        EXPECT_TRUE(map.erase(k));
+      } else {
+        EXPECT_FALSE(map.insert_or_assign(k, make(k, 1)));
+      }
+    }
+    // Release: publishes the writes above to the reader; pairs with its Acquire.
+    stage.store(2, std::memory_order_release);
+    map.reclamation_domain().synchronize();  // returns once the reader's view has ended
+    map.reclamation_domain().barrier();
+    // Fresh elements: they reuse the erased and replaced elements' memory.
+    for (std::uint64_t round = 0; round < 4; ++round) {
+      for (std::uint64_t k = 1000; k < 1200; ++k) EXPECT_TRUE(map.insert(k, make(k, 5)));
+      for (std::uint64_t k = 1000; k < 1200; ++k) EXPECT_TRUE(map.erase(k));
+    }
+    // Release: pairs with the reader's Acquire (it must not see this while pinned).
+    stage.store(3, std::memory_order_release);
+  });
+  writer.join();
+  reader.join();
+}
+
+TEST(HashMap, PinnedViewPointersStayValidWhileOtherThreadsEraseAndReplace) {
+  check_pinned_view_survives_writers<checked_value>(
+      [](std::uint64_t k, std::uint64_t version) { return checked_value::make(k, version); },
+      [](const checked_value& v, std::uint64_t k, std::uint64_t version) {
+        return v.valid_for(k) && v.version == version;
+      });
+}
+
+TEST(HashMap, PinnedViewKeepsNonTrivialValuesAliveWhileOtherThreadsEraseAndReplace) {
+  lifetime_registry registry(1 << 16);
+  check_pinned_view_survives_writers<lifetime_object>(
+      [&](std::uint64_t k, std::uint64_t version) {
+        return lifetime_object(registry, k * 10 + version);
+      },
+      [](const lifetime_object& v, std::uint64_t k, std::uint64_t version) {
+        return v.intact() && v.payload() == k * 10 + version;
+      });
+  grace::domain::global().barrier();
+  EXPECT_TRUE(registry.each_destroyed_once());
+}
+
+}  // namespace
