@@ -1,0 +1,376 @@
+// The maps `grace-bench map` compares, each behind the same small adapter so one templated
+// loop drives them all (no virtual call in the measured loop):
+//
+//   struct some_map {
+//     static constexpr const char* kName;           // the map= value
+//     static constexpr bool kConcurrent;            // false: one thread at a time only
+//     struct thread_scope;                          // per-thread setup (liburcu registration)
+//     explicit some_map(std::size_t capacity_hint);
+//     bool insert(std::uint64_t key, const value64& value);   // if absent; true if inserted
+//     bool upsert(std::uint64_t key, const value64& value);   // insert_or_assign (BPF_ANY);
+//                                                             // true if inserted
+//     bool erase(std::uint64_t key);                          // true if erased
+//     template <class F> bool visit(std::uint64_t key, F f);  // f(const value64&) in place,
+//                                                             // under the map's read
+//                                                             // protection; false if absent
+//     static void release_cached_memory();  // after destruction: give cached memory back
+//   };
+//
+// Every operation of a map, including its constructor and destructor, runs on a thread that
+// holds the map's thread_scope (cds_lfht needs registered threads for everything, including
+// the destructor's drain).
+//
+// Peers:
+//   grace        grace::hash_map<uint64_t, value64>, default options (global domain);
+//                reads through visit()
+//   cds_lfht     liburcu 0.13 rculfhash, urcu-memb flavor, AUTO_RESIZE | ACCOUNTING; malloc'd
+//                nodes embedding cds_lfht_node + rcu_head, freed through call_rcu();
+//                every operation under urcu_memb_read_lock(); registered threads
+//   absl_sharded absl::flat_hash_map behind 64 absl::Mutex shards (readers take the shard
+//                lock shared)
+//   absl_single  one absl::flat_hash_map, no lock: the single-thread reference (-p 1 only)
+//   tbb          oneTBB concurrent_hash_map: accessor for updates, const_accessor for reads
+//   libcuckoo    libcuckoo::cuckoohash_map: insert_or_assign / insert / erase / find_fn
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/hash/hash.h>
+#include <absl/synchronization/mutex.h>
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <stdexcept>
+
+#include "grace/map/hash_map.h"
+#include "map/map_value.h"
+
+#if GRACE_BENCH_HAVE_CDS_LFHT
+#include <urcu/urcu-memb.h>
+// rculfhash.h needs a flavor header first (above).
+#include <urcu/rculfhash.h>
+#endif
+#if GRACE_BENCH_HAVE_TBB
+#include <oneapi/tbb/concurrent_hash_map.h>
+#include <oneapi/tbb/scalable_allocator.h>
+#endif
+#if GRACE_BENCH_HAVE_LIBCUCKOO
+#include <libcuckoo/cuckoohash_map.hh>
+#endif
+
+namespace grace::bench {
+
+// --- grace -------------------------------------------------------------------------------
+
+class grace_map {
+ public:
+  static constexpr const char* kName = "grace";
+  static constexpr bool kConcurrent = true;
+  static void release_cached_memory() {}
+
+  // grace registers a thread on its first pin; take it here, outside the timed loop.
+  struct thread_scope {
+    thread_scope() { auto g = grace::pin(); }
+  };
+
+  explicit grace_map(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
+
+  bool insert(std::uint64_t key, const value64& value) { return map_.insert(key, value); }
+  bool upsert(std::uint64_t key, const value64& value) {
+    return map_.insert_or_assign(key, value);
+  }
+  bool erase(std::uint64_t key) { return map_.erase(key); }
+  template <class F>
+  bool visit(std::uint64_t key, F f) const {
+    return map_.visit(key, f);
+  }
+
+  grace::hash_map<std::uint64_t, value64>& raw() { return map_; }
+
+ private:
+  grace::hash_map<std::uint64_t, value64> map_;
+};
+
+// --- cds_lfht ------------------------------------------------------------------------------
+
+#if GRACE_BENCH_HAVE_CDS_LFHT
+class cds_lfht_map {
+ public:
+  static constexpr const char* kName = "cds_lfht";
+  static constexpr bool kConcurrent = true;
+  static void release_cached_memory() {}
+
+  struct thread_scope {
+    thread_scope() { urcu_memb_register_thread(); }
+    ~thread_scope() { urcu_memb_unregister_thread(); }
+    thread_scope(const thread_scope&) = delete;
+    thread_scope& operator=(const thread_scope&) = delete;
+  };
+
+  explicit cds_lfht_map(std::size_t capacity_hint) {
+    // Start liburcu's call_rcu worker now, not in the timed loop.
+    (void)urcu_memb_get_default_call_rcu_data();
+    const unsigned long init_size = std::bit_ceil(capacity_hint < 1 ? 1UL : capacity_hint);
+    table_ = cds_lfht_new_flavor(init_size, /*min_nr_alloc_buckets=*/1, /*max_nr_buckets=*/0,
+                                 CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, &urcu_memb_flavor,
+                                 nullptr);
+    if (table_ == nullptr) throw std::bad_alloc();
+  }
+
+  // Requires a registered thread outside any read section: unlinks every node (call_rcu),
+  // destroys the table, and waits for the callbacks so the memory is back before the next
+  // measurement.
+  ~cds_lfht_map() {
+    cds_lfht_iter iter;
+    urcu_memb_read_lock();
+    cds_lfht_first(table_, &iter);
+    while (cds_lfht_node* n = cds_lfht_iter_get_node(&iter)) {
+      cds_lfht_next(table_, &iter);
+      if (cds_lfht_del(table_, n) == 0) urcu_memb_call_rcu(&node_of(n)->head, &free_node);
+    }
+    urcu_memb_read_unlock();
+    (void)cds_lfht_destroy(table_, nullptr);
+    urcu_memb_barrier();
+  }
+  cds_lfht_map(const cds_lfht_map&) = delete;
+  cds_lfht_map& operator=(const cds_lfht_map&) = delete;
+
+  // Looks first (as a caller would), so a present key costs no malloc/free.
+  bool insert(std::uint64_t key, const value64& value) {
+    const unsigned long hash = hash_of(key);
+    urcu_memb_read_lock();
+    cds_lfht_iter iter;
+    cds_lfht_lookup(table_, hash, &match, &key, &iter);
+    if (cds_lfht_iter_get_node(&iter) != nullptr) {
+      urcu_memb_read_unlock();
+      return false;
+    }
+    lfht_node* fresh = make_node(key, value);
+    cds_lfht_node* got = cds_lfht_add_unique(table_, hash, &match, &key, &fresh->node);
+    urcu_memb_read_unlock();
+    if (got != &fresh->node) {
+      std::free(fresh);  // never published
+      return false;
+    }
+    return true;
+  }
+  bool upsert(std::uint64_t key, const value64& value) {
+    lfht_node* fresh = make_node(key, value);
+    urcu_memb_read_lock();
+    cds_lfht_node* old = cds_lfht_add_replace(table_, hash_of(key), &match, &key, &fresh->node);
+    if (old != nullptr) urcu_memb_call_rcu(&node_of(old)->head, &free_node);
+    urcu_memb_read_unlock();
+    return old == nullptr;
+  }
+  bool erase(std::uint64_t key) {
+    bool erased = false;
+    urcu_memb_read_lock();
+    cds_lfht_iter iter;
+    cds_lfht_lookup(table_, hash_of(key), &match, &key, &iter);
+    if (cds_lfht_node* n = cds_lfht_iter_get_node(&iter); n != nullptr) {
+      if (cds_lfht_del(table_, n) == 0) {
+        urcu_memb_call_rcu(&node_of(n)->head, &free_node);
+        erased = true;
+      }
+    }
+    urcu_memb_read_unlock();
+    return erased;
+  }
+  template <class F>
+  bool visit(std::uint64_t key, F f) const {
+    urcu_memb_read_lock();
+    cds_lfht_iter iter;
+    cds_lfht_lookup(table_, hash_of(key), &match, &key, &iter);
+    const cds_lfht_node* n = cds_lfht_iter_get_node(&iter);
+    if (n != nullptr) f(static_cast<const value64&>(node_of(n)->value));
+    urcu_memb_read_unlock();
+    return n != nullptr;
+  }
+
+ private:
+  struct lfht_node {
+    cds_lfht_node node;  // first: node_of() casts back
+    rcu_head head;
+    std::uint64_t key;
+    value64 value;
+  };
+
+  static unsigned long hash_of(std::uint64_t key) { return absl::Hash<std::uint64_t>{}(key); }
+  static lfht_node* node_of(const cds_lfht_node* n) {
+    return reinterpret_cast<lfht_node*>(const_cast<cds_lfht_node*>(n));
+  }
+  static int match(cds_lfht_node* n, const void* key) {
+    return node_of(n)->key == *static_cast<const std::uint64_t*>(key);
+  }
+  static lfht_node* make_node(std::uint64_t key, const value64& value) {
+    auto* n = static_cast<lfht_node*>(std::malloc(sizeof(lfht_node)));
+    if (n == nullptr) throw std::bad_alloc();
+    cds_lfht_node_init(&n->node);
+    n->key = key;
+    n->value = value;
+    return n;
+  }
+  static void free_node(rcu_head* head) {
+    // container_of: head sits at a fixed offset in the malloc'd node.
+    std::free(reinterpret_cast<char*>(head) - offsetof(lfht_node, head));
+  }
+
+  cds_lfht* table_ = nullptr;
+};
+#endif
+
+// --- absl::flat_hash_map, sharded and single ----------------------------------------------
+
+class absl_sharded_map {
+ public:
+  static constexpr const char* kName = "absl_sharded";
+  static constexpr bool kConcurrent = true;
+  static void release_cached_memory() {}
+  static constexpr unsigned kShards = 64;
+
+  struct thread_scope {};
+
+  explicit absl_sharded_map(std::size_t capacity_hint) : shards_(new shard[kShards]) {
+    for (unsigned i = 0; i < kShards; ++i) shards_[i].map.reserve(capacity_hint / kShards);
+  }
+
+  bool insert(std::uint64_t key, const value64& value) {
+    shard& s = shard_of(key);
+    absl::MutexLock lock(&s.mutex);
+    return s.map.try_emplace(key, value).second;
+  }
+  bool upsert(std::uint64_t key, const value64& value) {
+    shard& s = shard_of(key);
+    absl::MutexLock lock(&s.mutex);
+    return s.map.insert_or_assign(key, value).second;
+  }
+  bool erase(std::uint64_t key) {
+    shard& s = shard_of(key);
+    absl::MutexLock lock(&s.mutex);
+    return s.map.erase(key) != 0;
+  }
+  template <class F>
+  bool visit(std::uint64_t key, F f) const {
+    shard& s = shard_of(key);
+    absl::ReaderMutexLock lock(&s.mutex);
+    auto it = s.map.find(key);
+    if (it == s.map.end()) return false;
+    f(static_cast<const value64&>(it->second));
+    return true;
+  }
+
+ private:
+  struct alignas(64) shard {
+    absl::Mutex mutex;
+    absl::flat_hash_map<std::uint64_t, value64> map;
+  };
+  // The shard from a multiplicative hash's top bits, independent of the bits the shard's own
+  // absl::Hash-based table uses for its slots.
+  shard& shard_of(std::uint64_t key) const {
+    return shards_[(key * 0x9e3779b97f4a7c15ULL) >> (64 - std::countr_zero(kShards))];
+  }
+
+  std::unique_ptr<shard[]> shards_;
+};
+
+class absl_single_map {
+ public:
+  static constexpr const char* kName = "absl_single";
+  static constexpr bool kConcurrent = false;
+  static void release_cached_memory() {}
+
+  struct thread_scope {};
+
+  explicit absl_single_map(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
+
+  bool insert(std::uint64_t key, const value64& value) {
+    return map_.try_emplace(key, value).second;
+  }
+  bool upsert(std::uint64_t key, const value64& value) {
+    return map_.insert_or_assign(key, value).second;
+  }
+  bool erase(std::uint64_t key) { return map_.erase(key) != 0; }
+  template <class F>
+  bool visit(std::uint64_t key, F f) const {
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    f(static_cast<const value64&>(it->second));
+    return true;
+  }
+
+ private:
+  absl::flat_hash_map<std::uint64_t, value64> map_;
+};
+
+// --- oneTBB --------------------------------------------------------------------------------
+
+#if GRACE_BENCH_HAVE_TBB
+class tbb_map {
+ public:
+  static constexpr const char* kName = "tbb";
+  static constexpr bool kConcurrent = true;
+  // oneTBB's default allocator is tbbmalloc (when installed), which keeps freed memory in its
+  // own pools, where malloc_trim() does not reach: release it so the next baseline is clean.
+  static void release_cached_memory() {
+    (void)scalable_allocation_command(TBBMALLOC_CLEAN_ALL_BUFFERS, nullptr);
+  }
+
+  struct thread_scope {};
+
+  explicit tbb_map(std::size_t capacity_hint) : map_(capacity_hint) {}
+
+  bool insert(std::uint64_t key, const value64& value) { return map_.emplace(key, value); }
+  // In place under the element's write lock (oneTBB's way; no allocation for a present key).
+  bool upsert(std::uint64_t key, const value64& value) {
+    table::accessor access;
+    const bool inserted = map_.insert(access, key);
+    access->second = value;
+    return inserted;
+  }
+  bool erase(std::uint64_t key) { return map_.erase(key); }
+  template <class F>
+  bool visit(std::uint64_t key, F f) const {
+    table::const_accessor access;
+    if (!map_.find(access, key)) return false;
+    f(static_cast<const value64&>(access->second));
+    return true;
+  }
+
+ private:
+  using table = oneapi::tbb::concurrent_hash_map<std::uint64_t, value64>;
+  table map_;
+};
+#endif
+
+// --- libcuckoo -----------------------------------------------------------------------------
+
+#if GRACE_BENCH_HAVE_LIBCUCKOO
+class libcuckoo_map {
+ public:
+  static constexpr const char* kName = "libcuckoo";
+  static constexpr bool kConcurrent = true;
+  static void release_cached_memory() {}
+
+  struct thread_scope {};
+
+  explicit libcuckoo_map(std::size_t capacity_hint) : map_(capacity_hint) {}
+
+  bool insert(std::uint64_t key, const value64& value) { return map_.insert(key, value); }
+  bool upsert(std::uint64_t key, const value64& value) {
+    return map_.insert_or_assign(key, value);
+  }
+  bool erase(std::uint64_t key) { return map_.erase(key); }
+  template <class F>
+  bool visit(std::uint64_t key, F f) const {
+    return map_.find_fn(key, [&f](const value64& v) { f(v); });
+  }
+
+ private:
+  libcuckoo::cuckoohash_map<std::uint64_t, value64> map_;
+};
+#endif
+
+}  // namespace grace::bench
