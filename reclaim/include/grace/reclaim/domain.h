@@ -121,6 +121,16 @@ class domain {
   }
   // Calls deleter(object) after a grace period; `bytes` counts toward the byte limits.
   void retire(void* object, void (*deleter)(void*), std::size_t bytes = 0) noexcept;
+  // Runs fn(argument) after a grace period, like retire(), for an owner's periodic
+  // bookkeeping (object_pool's trim pass) rather than an object. barrier() waits for such
+  // calls made before it, but when one is made from inside a deleter, barrier() does not
+  // chase it the way it chases chained retirements: otherwise bookkeeping rescheduled by
+  // every deleter would keep barrier() looping while other threads work. The owner waits
+  // for its own bookkeeping before it goes away.
+  void defer_housekeeping(void (*fn)(void*), void* argument) noexcept {
+    retire(argument, fn);
+    if (detail::tls_reader.running_deleters) --detail::tls_reader.retires_by_deleters;
+  }
 
   // Waits for one full grace period. Concurrent callers share grace periods. Throws
   // std::logic_error inside a read section.
