@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define GRACE_ASAN 1
@@ -21,9 +22,29 @@
 
 namespace grace::detail {
 
+#ifdef GRACE_ASAN
+// ASan's shadow describes memory in 8-byte granules, and a granule shared by two objects
+// (objects whose size is not a multiple of 8) cannot be poisoned for one and not the other:
+// only the granules an object owns entirely are poisoned and unpoisoned, so a neighbour in
+// use, perhaps on another thread, is never touched.
+inline constexpr std::uintptr_t kAsanGranule = 8;
+
+inline void asan_owned_granules(void* object, std::size_t bytes, char*& begin,
+                                std::size_t& length) noexcept {
+  const auto first = reinterpret_cast<std::uintptr_t>(object);
+  const std::uintptr_t start = (first + kAsanGranule - 1) & ~(kAsanGranule - 1);
+  const std::uintptr_t end = (first + bytes) & ~(kAsanGranule - 1);
+  begin = reinterpret_cast<char*>(start);
+  length = end > start ? end - start : 0;
+}
+#endif
+
 inline void asan_poison(void* object, std::size_t bytes) noexcept {
 #ifdef GRACE_ASAN
-  ASAN_POISON_MEMORY_REGION(object, bytes);
+  char* begin;
+  std::size_t length;
+  asan_owned_granules(object, bytes, begin, length);
+  if (length != 0) ASAN_POISON_MEMORY_REGION(begin, length);
 #else
   (void)object;
   (void)bytes;
@@ -32,7 +53,10 @@ inline void asan_poison(void* object, std::size_t bytes) noexcept {
 
 inline void asan_unpoison(void* object, std::size_t bytes) noexcept {
 #ifdef GRACE_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(object, bytes);
+  char* begin;
+  std::size_t length;
+  asan_owned_granules(object, bytes, begin, length);
+  if (length != 0) ASAN_UNPOISON_MEMORY_REGION(begin, length);
 #else
   (void)object;
   (void)bytes;
