@@ -182,9 +182,17 @@ struct pool_core {
   // (P5): `count` objects of `c` will never be used again.
   void release_to_chunk(chunk* c, std::uint32_t count) noexcept {
     // AcqRel (A5): every release happens-before the last releaser frees the chunk.
-    if (c->released.fetch_add(count, std::memory_order_acq_rel) + count == c->capacity) {
-      free_chunk(c);
+    const std::uint32_t before = c->released.fetch_add(count, std::memory_order_acq_rel);
+#ifndef NDEBUG
+    if (before + count > c->capacity) {
+      std::fprintf(stderr,
+                   "grace::object_pool: %u object(s) released to a chunk that had only %u "
+                   "unreleased: an object was deallocated twice, or by the wrong pool.\n",
+                   count, c->capacity - before);
+      std::abort();
     }
+#endif
+    if (before + count == c->capacity) free_chunk(c);
   }
 
   static void release_object_after_gp(void* object) noexcept {
@@ -726,12 +734,14 @@ void* object_pool::allocate_contended_slow(unsigned home) {
   // Every cache is held (their holders were preempted, or more threads than CPUs are busy):
   // never wait for them.
   detail::pool_core& core = *core_;
-  core.unheld_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* object = core.allocate_from_depot()) {
+  void* object = core.allocate_from_depot();
+  if (object != nullptr) {
     detail::asan_unpoison(object, object_size_);
-    return object;
+  } else {
+    object = core.allocate_from_fresh_chunk();  // may throw std::bad_alloc: not counted
   }
-  return core.allocate_from_fresh_chunk();
+  core.unheld_allocations.fetch_add(1, std::memory_order_relaxed);  // Relaxed: a statistic.
+  return object;
 }
 
 void object_pool::deallocate_contended_slow(unsigned home, void* object) noexcept {
