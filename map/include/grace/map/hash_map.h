@@ -170,7 +170,7 @@ class hash_map {
       inserted = discard_on_throw(fresh, [&] { return link_new(start, fresh, key); });
       if (!inserted) discard(fresh);
     }
-    if (inserted) list_.count(+1, hash);
+    if (inserted) list_.count(+1);
     return inserted;
   }
 
@@ -185,7 +185,7 @@ class hash_map {
         return upsert(list_.bucket_of(hash), fresh, key, /*may_insert=*/true);
       }) == upsert_result::inserted;
     }
-    if (inserted) list_.count(+1, hash);
+    if (inserted) list_.count(+1);
     return inserted;
   }
 
@@ -239,7 +239,7 @@ class hash_map {
         }
       }
     }
-    if (erased) list_.count(-1, hash);
+    if (erased) list_.count(-1);
     return erased;
   }
 
@@ -517,7 +517,7 @@ class hash_map {
       detail::split_list& list;
       std::int64_t& erased;
       ~count_erased() {
-        if (erased != 0) list.count(-erased, 0);
+        if (erased != 0) list.count(-erased);
       }
     } counting{list_, erased};
     {

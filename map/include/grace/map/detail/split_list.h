@@ -127,12 +127,17 @@ class split_list {
   list_node* head() const noexcept { return dummy(0); }
 
   // Element count bookkeeping. Relaxed: a per-CPU counter, summed on read (size()).
-  void count(std::int64_t delta, std::uint64_t hash) noexcept {
-    counters_[current_cpu() & counter_mask_].value.fetch_add(delta, std::memory_order_relaxed);
-    // Look at the load factor on a hash-chosen sample of updates: small tables always.
+  void count(std::int64_t delta) noexcept {
+    counter& mine = counters_[current_cpu() & counter_mask_];
+    mine.value.fetch_add(delta, std::memory_order_relaxed);
+    // Look at the load factor on every 64th update of each CPU (small tables: every update).
+    // Counting updates, not sampling keys, bounds how far the size drifts between two looks
+    // whichever keys change. The count is a hint: a lost increment only delays a look.
+    const std::uint32_t updates = mine.updates.load(std::memory_order_relaxed) + 1;
+    mine.updates.store(updates, std::memory_order_relaxed);
     const unsigned size_log2 = size_log2_.load(std::memory_order_relaxed);
-    const std::uint64_t sample_mask = size_log2 > 8 ? 63 : 0;
-    if ((hash & sample_mask) == 0) [[unlikely]] consider_resize_slow(delta > 0);
+    const std::uint32_t sample_mask = size_log2 > 8 ? 63 : 0;
+    if ((updates & sample_mask) == 0) [[unlikely]] consider_resize_slow(delta > 0);
   }
   std::size_t size() const noexcept;
   std::size_t bucket_count() const noexcept {
@@ -165,7 +170,8 @@ class split_list {
 
  private:
   struct alignas(64) counter {
-    std::atomic<std::int64_t> value{0};
+    std::atomic<std::int64_t> value{0};     // inserts minus erases on this CPU
+    std::atomic<std::uint32_t> updates{0};  // counted changes on this CPU, wrapping
   };
 
   list_node* dummy(std::uint64_t bucket) const noexcept {
