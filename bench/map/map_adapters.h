@@ -79,9 +79,7 @@ class grace_map {
   explicit grace_map(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
 
   bool insert(std::uint64_t key, const value64& value) { return map_.insert(key, value); }
-  bool upsert(std::uint64_t key, const value64& value) {
-    return map_.insert_or_assign(key, value);
-  }
+  bool upsert(std::uint64_t key, const value64& value) { return map_.insert_or_assign(key, value); }
   bool erase(std::uint64_t key) { return map_.erase(key); }
   template <class F>
   bool visit(std::uint64_t key, F f) const {
@@ -114,9 +112,9 @@ class cds_lfht_map {
     // Start liburcu's call_rcu worker now, not in the timed loop.
     (void)urcu_memb_get_default_call_rcu_data();
     const unsigned long init_size = std::bit_ceil(capacity_hint < 1 ? 1UL : capacity_hint);
-    table_ = cds_lfht_new_flavor(init_size, /*min_nr_alloc_buckets=*/1, /*max_nr_buckets=*/0,
-                                 CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, &urcu_memb_flavor,
-                                 nullptr);
+    table_ =
+        cds_lfht_new_flavor(init_size, /*min_nr_alloc_buckets=*/1, /*max_nr_buckets=*/0,
+                            CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, &urcu_memb_flavor, nullptr);
     if (table_ == nullptr) throw std::bad_alloc();
   }
 
@@ -359,9 +357,7 @@ class libcuckoo_map {
   explicit libcuckoo_map(std::size_t capacity_hint) : map_(capacity_hint) {}
 
   bool insert(std::uint64_t key, const value64& value) { return map_.insert(key, value); }
-  bool upsert(std::uint64_t key, const value64& value) {
-    return map_.insert_or_assign(key, value);
-  }
+  bool upsert(std::uint64_t key, const value64& value) { return map_.insert_or_assign(key, value); }
   bool erase(std::uint64_t key) { return map_.erase(key); }
   template <class F>
   bool visit(std::uint64_t key, F f) const {

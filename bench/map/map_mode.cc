@@ -36,6 +36,10 @@
 //   peak_mem_mib     the highest RSS seen from the producers' start to their end (warm-up
 //                    included; read every 10 ms), relative as above
 //   fill_mib         RSS growth from building and filling the map
+//   cpu_cores        CPU time of the whole process in the window / the window: about p when
+//                    the producers had their cores (less: they slept or another process
+//                    took a core; more: helper threads such as grace's engine or liburcu's
+//                    call_rcu worker ran too)
 //   errors           reads that found a wrong value or missed a key that must be present,
 //                    updates whose outcome contradicts the use case (overwrite inserting,
 //                    an add or delete of an owned key failing), fill inserts that failed,
@@ -63,13 +67,14 @@
 #include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -114,9 +119,13 @@ enum class use_case {
   footprint,
   destroy
 };
-constexpr use_case kAllUseCases[] = {use_case::overwrite, use_case::batch_add_batch_del,
-                                     use_case::add_del_on_diff_cpu, use_case::lookup,
-                                     use_case::mixed, use_case::footprint, use_case::destroy};
+constexpr use_case kAllUseCases[] = {use_case::overwrite,
+                                     use_case::batch_add_batch_del,
+                                     use_case::add_del_on_diff_cpu,
+                                     use_case::lookup,
+                                     use_case::mixed,
+                                     use_case::footprint,
+                                     use_case::destroy};
 
 const char* use_case_name(use_case u) {
   switch (u) {
@@ -340,24 +349,23 @@ class grace_stats_probe<grace_map> {
   void finish() {
     if (!enabled_) return;
     const hash_map_stats after = map_.raw().stats();
-    std::fprintf(stderr,
-                 "# grace use_case=%s keys=%llu: size=%llu buckets=%llu grows=+%llu "
-                 "shrinks=+%llu grace_periods=+%llu pool: allocated=+%llu fresh=+%llu "
-                 "reused_after_gp=+%llu waiting_for_gp=%llu held_mib=%.2f peak_held_mib=%.2f\n",
-                 use_case_, static_cast<unsigned long long>(keys_),
-                 static_cast<unsigned long long>(after.size),
-                 static_cast<unsigned long long>(after.buckets),
-                 static_cast<unsigned long long>(after.grows - before_.grows),
-                 static_cast<unsigned long long>(after.shrinks - before_.shrinks),
-                 static_cast<unsigned long long>(after.reclamation.grace_periods -
-                                                 before_.reclamation.grace_periods),
-                 static_cast<unsigned long long>(after.pool.allocated - before_.pool.allocated),
-                 static_cast<unsigned long long>(after.pool.fresh - before_.pool.fresh),
-                 static_cast<unsigned long long>(after.pool.reused_after_gp -
-                                                 before_.pool.reused_after_gp),
-                 static_cast<unsigned long long>(after.pool.waiting_for_gp),
-                 mib(static_cast<double>(after.pool.held_bytes)),
-                 mib(static_cast<double>(after.pool.peak_held_bytes)));
+    std::fprintf(
+        stderr,
+        "# grace use_case=%s keys=%llu: size=%llu buckets=%llu grows=+%llu "
+        "shrinks=+%llu grace_periods=+%llu pool: allocated=+%llu fresh=+%llu "
+        "reused_after_gp=+%llu waiting_for_gp=%llu held_mib=%.2f peak_held_mib=%.2f\n",
+        use_case_, static_cast<unsigned long long>(keys_),
+        static_cast<unsigned long long>(after.size), static_cast<unsigned long long>(after.buckets),
+        static_cast<unsigned long long>(after.grows - before_.grows),
+        static_cast<unsigned long long>(after.shrinks - before_.shrinks),
+        static_cast<unsigned long long>(after.reclamation.grace_periods -
+                                        before_.reclamation.grace_periods),
+        static_cast<unsigned long long>(after.pool.allocated - before_.pool.allocated),
+        static_cast<unsigned long long>(after.pool.fresh - before_.pool.fresh),
+        static_cast<unsigned long long>(after.pool.reused_after_gp - before_.pool.reused_after_gp),
+        static_cast<unsigned long long>(after.pool.waiting_for_gp),
+        mib(static_cast<double>(after.pool.held_bytes)),
+        mib(static_cast<double>(after.pool.peak_held_bytes)));
   }
 
  private:
@@ -383,6 +391,7 @@ struct alignas(64) worker_slot {
 
 struct timed_stats {
   double seconds = 0;     // the measured window
+  double cpu_cores = 0;   // this process's CPU time in the window / the window
   std::uint64_t ops = 0;  // in the window, all producers
   double rate_mean_kps = 0;
   double rate_stddev_kps = 0;
@@ -391,6 +400,13 @@ struct timed_stats {
   double peak_mib = 0;
   std::uint64_t errors = 0;
 };
+
+// CPU time of every thread of this process so far.
+double process_cpu_seconds() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 void mean_stddev(const std::vector<double>& xs, double& mean, double& stddev) {
   mean = 0;
@@ -438,14 +454,15 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
                                     std::chrono::duration<double>(cfg.warmup_s));
   std::this_thread::sleep_until(warm_end);
   const std::size_t samples = std::max<std::size_t>(
-      1, static_cast<std::size_t>(std::llround(cfg.duration_s * 1000.0 /
-                                               static_cast<double>(kSamplePeriod.count()))));
+      1, static_cast<std::size_t>(
+             std::llround(cfg.duration_s * 1000.0 / static_cast<double>(kSamplePeriod.count()))));
   const auto period = std::chrono::duration_cast<bench_clock::duration>(
       std::chrono::duration<double>(cfg.duration_s / static_cast<double>(samples)));
   std::vector<double> rates_kps;
   std::vector<double> mem_mib;
   rates_kps.reserve(samples);
   mem_mib.reserve(samples);
+  const double cpu_start = process_cpu_seconds();
   bench_clock::time_point prev_time = bench_clock::now();
   const bench_clock::time_point window_start = prev_time;
   const std::uint64_t window_start_ops = total_ops();
@@ -462,6 +479,7 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
   }
   const std::uint64_t window_ops = prev_ops - window_start_ops;
   const double window_s = seconds_between(window_start, prev_time);
+  const double cpu_s = process_cpu_seconds() - cpu_start;
   // Relaxed: a stop request; the joins below are the synchronization.
   stop.store(true, std::memory_order_relaxed);
   for (std::thread& worker : workers) worker.join();
@@ -470,6 +488,7 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
 
   timed_stats s;
   s.seconds = window_s;
+  s.cpu_cores = cpu_s / window_s;
   s.ops = window_ops;
   double unused_mean = 0;
   mean_stddev(rates_kps, unused_mean, s.rate_stddev_kps);
@@ -522,44 +541,44 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
       }
     });
     r.fill_mib = signed_mib(anon_rss_bytes(), rss_empty);
-    r.stats = run_timed<Map>(cfg, p, rss, probe, [&](unsigned t, worker_slot& slot,
-                                               const std::atomic<bool>& stop) {
-      // Relaxed: a stop request, see run_timed.
-      while (!stop.load(std::memory_order_relaxed)) {
-        for (unsigned i = 0; i < kBatch; ++i) {
-          const std::uint64_t key = htab_key(t, i, p);
-          if (map.upsert(key, make_value(key))) [[unlikely]] {
-            report_error(Map::kName, "overwrite: upsert inserted a key that was present", key);
-            ++slot.errors;
+    r.stats = run_timed<Map>(
+        cfg, p, rss, probe, [&](unsigned t, worker_slot& slot, const std::atomic<bool>& stop) {
+          // Relaxed: a stop request, see run_timed.
+          while (!stop.load(std::memory_order_relaxed)) {
+            for (unsigned i = 0; i < kBatch; ++i) {
+              const std::uint64_t key = htab_key(t, i, p);
+              if (map.upsert(key, make_value(key))) [[unlikely]] {
+                report_error(Map::kName, "overwrite: upsert inserted a key that was present", key);
+                ++slot.errors;
+              }
+            }
+            slot.add_ops(1);
           }
-        }
-        slot.add_ops(1);
-      }
-    });
+        });
   } else if (uc == use_case::batch_add_batch_del) {
     r.keys = std::uint64_t{kBatch} * p;
     r.fill_mib = signed_mib(anon_rss_bytes(), rss_empty);
-    r.stats = run_timed<Map>(cfg, p, rss, probe, [&](unsigned t, worker_slot& slot,
-                                               const std::atomic<bool>& stop) {
-      // Relaxed: a stop request, see run_timed.
-      while (!stop.load(std::memory_order_relaxed)) {
-        for (unsigned i = 0; i < kBatch; ++i) {
-          const std::uint64_t key = htab_key(t, i, p);
-          if (!map.upsert(key, make_value(key))) [[unlikely]] {
-            report_error(Map::kName, "batch_add_batch_del: add found the key present", key);
-            ++slot.errors;
+    r.stats = run_timed<Map>(
+        cfg, p, rss, probe, [&](unsigned t, worker_slot& slot, const std::atomic<bool>& stop) {
+          // Relaxed: a stop request, see run_timed.
+          while (!stop.load(std::memory_order_relaxed)) {
+            for (unsigned i = 0; i < kBatch; ++i) {
+              const std::uint64_t key = htab_key(t, i, p);
+              if (!map.upsert(key, make_value(key))) [[unlikely]] {
+                report_error(Map::kName, "batch_add_batch_del: add found the key present", key);
+                ++slot.errors;
+              }
+            }
+            for (unsigned i = 0; i < kBatch; ++i) {
+              const std::uint64_t key = htab_key(t, i, p);
+              if (!map.erase(key)) [[unlikely]] {
+                report_error(Map::kName, "batch_add_batch_del: delete found the key absent", key);
+                ++slot.errors;
+              }
+            }
+            slot.add_ops(2);
           }
-        }
-        for (unsigned i = 0; i < kBatch; ++i) {
-          const std::uint64_t key = htab_key(t, i, p);
-          if (!map.erase(key)) [[unlikely]] {
-            report_error(Map::kName, "batch_add_batch_del: delete found the key absent", key);
-            ++slot.errors;
-          }
-        }
-        slot.add_ops(2);
-      }
-    });
+        });
   } else {  // add_del_on_diff_cpu
     const unsigned pairs = p / 2;
     r.keys = std::uint64_t{kBatch} * pairs;
@@ -569,45 +588,45 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
     };
     std::unique_ptr<pair_state[]> pair(new pair_state[pairs]);
     r.fill_mib = signed_mib(anon_rss_bytes(), rss_empty);
-    r.stats = run_timed<Map>(cfg, p, rss, probe, [&](unsigned t, worker_slot& slot,
-                                               const std::atomic<bool>& stop) {
-      const unsigned q = t / 2;
-      pair_state& ps = pair[q];
-      if (t % 2 == 0) {  // adder
-        for (;;) {
-          // Relaxed: a stop request, see run_timed; the barrier hands the decision over.
-          if (stop.load(std::memory_order_relaxed)) {
-            ps.done = true;
-            ps.sync.arrive_and_wait();
-            return;
-          }
-          for (unsigned i = 0; i < kBatch; ++i) {
-            const std::uint64_t key = htab_key(q, i, pairs);
-            if (!map.insert(key, make_value(key))) [[unlikely]] {
-              report_error(Map::kName, "add_del_on_diff_cpu: add found the key present", key);
-              ++slot.errors;
+    r.stats = run_timed<Map>(
+        cfg, p, rss, probe, [&](unsigned t, worker_slot& slot, const std::atomic<bool>& stop) {
+          const unsigned q = t / 2;
+          pair_state& ps = pair[q];
+          if (t % 2 == 0) {  // adder
+            for (;;) {
+              // Relaxed: a stop request, see run_timed; the barrier hands the decision over.
+              if (stop.load(std::memory_order_relaxed)) {
+                ps.done = true;
+                ps.sync.arrive_and_wait();
+                return;
+              }
+              for (unsigned i = 0; i < kBatch; ++i) {
+                const std::uint64_t key = htab_key(q, i, pairs);
+                if (!map.insert(key, make_value(key))) [[unlikely]] {
+                  report_error(Map::kName, "add_del_on_diff_cpu: add found the key present", key);
+                  ++slot.errors;
+                }
+              }
+              slot.add_ops(1);
+              ps.sync.arrive_and_wait();  // the deleter may delete
+              ps.sync.arrive_and_wait();  // it has deleted
+            }
+          } else {  // deleter
+            for (;;) {
+              ps.sync.arrive_and_wait();  // the adder has added (or is done)
+              if (ps.done) return;
+              for (unsigned i = 0; i < kBatch; ++i) {
+                const std::uint64_t key = htab_key(q, i, pairs);
+                if (!map.erase(key)) [[unlikely]] {
+                  report_error(Map::kName, "add_del_on_diff_cpu: delete found the key absent", key);
+                  ++slot.errors;
+                }
+              }
+              slot.add_ops(1);
+              ps.sync.arrive_and_wait();
             }
           }
-          slot.add_ops(1);
-          ps.sync.arrive_and_wait();  // the deleter may delete
-          ps.sync.arrive_and_wait();  // it has deleted
-        }
-      } else {  // deleter
-        for (;;) {
-          ps.sync.arrive_and_wait();  // the adder has added (or is done)
-          if (ps.done) return;
-          for (unsigned i = 0; i < kBatch; ++i) {
-            const std::uint64_t key = htab_key(q, i, pairs);
-            if (!map.erase(key)) [[unlikely]] {
-              report_error(Map::kName, "add_del_on_diff_cpu: delete found the key absent", key);
-              ++slot.errors;
-            }
-          }
-          slot.add_ops(1);
-          ps.sync.arrive_and_wait();
-        }
-      }
-    });
+        });
   }
 
   // After-run check: overwrite keys present with their values; the others all gone.
@@ -628,7 +647,8 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
 }
 
 template <class Map>
-case_result run_keyed_case(use_case uc, std::uint64_t n, const config& cfg, anon_peak_sampler& rss) {
+case_result run_keyed_case(use_case uc, std::uint64_t n, const config& cfg,
+                           anon_peak_sampler& rss) {
   const unsigned p = cfg.producers;
   case_result r;
   r.keys = n;
@@ -641,47 +661,47 @@ case_result run_keyed_case(use_case uc, std::uint64_t n, const config& cfg, anon
   const std::uint64_t seed = 0x5eed0000ULL ^ n ^ (static_cast<std::uint64_t>(uc) << 40);
 
   if (uc == use_case::lookup) {
-    r.stats = run_timed<Map>(cfg, p, rss, probe, [&](unsigned t, worker_slot& slot,
-                                               const std::atomic<bool>& stop) {
-      fast_rng rng(seed + t * 0x9e3779b97f4a7c15ULL);
-      // Relaxed: a stop request, see run_timed.
-      while (!stop.load(std::memory_order_relaxed)) {
-        for (unsigned i = 0; i < kBatch; ++i) {
-          const std::uint64_t key = key_of(fast_rng::below(rng.next(), n));
-          if (!check_value(map, key)) [[unlikely]] {
-            report_error(Map::kName, "lookup: key missing or value wrong", key);
-            ++slot.errors;
-          }
-        }
-        slot.add_ops(1);
-      }
-    });
-  } else {  // mixed
-    r.stats = run_timed<Map>(cfg, p, rss, probe, [&](unsigned t, worker_slot& slot,
-                                               const std::atomic<bool>& stop) {
-      fast_rng rng(seed + t * 0x9e3779b97f4a7c15ULL);
-      // Relaxed: a stop request, see run_timed.
-      while (!stop.load(std::memory_order_relaxed)) {
-        for (unsigned i = 0; i < kBatch; ++i) {
-          const std::uint64_t draw = rng.next();
-          const std::uint64_t key = key_of(fast_rng::below(draw, n));
-          const std::uint64_t op = fast_rng::below(draw >> 32, 20);  // 1/20 = 5%
-          if (op == 0) {
-            map.insert(key, make_value(key));
-          } else if (op == 1) {
-            map.erase(key);
-          } else {
-            bool good = true;
-            map.visit(key, [&](const value64& v) { good = value_matches(v, key); });
-            if (!good) [[unlikely]] {
-              report_error(Map::kName, "mixed: wrong value", key);
-              ++slot.errors;
+    r.stats = run_timed<Map>(
+        cfg, p, rss, probe, [&](unsigned t, worker_slot& slot, const std::atomic<bool>& stop) {
+          fast_rng rng(seed + t * 0x9e3779b97f4a7c15ULL);
+          // Relaxed: a stop request, see run_timed.
+          while (!stop.load(std::memory_order_relaxed)) {
+            for (unsigned i = 0; i < kBatch; ++i) {
+              const std::uint64_t key = key_of(fast_rng::below(rng.next(), n));
+              if (!check_value(map, key)) [[unlikely]] {
+                report_error(Map::kName, "lookup: key missing or value wrong", key);
+                ++slot.errors;
+              }
             }
+            slot.add_ops(1);
           }
-        }
-        slot.add_ops(1);
-      }
-    });
+        });
+  } else {  // mixed
+    r.stats = run_timed<Map>(
+        cfg, p, rss, probe, [&](unsigned t, worker_slot& slot, const std::atomic<bool>& stop) {
+          fast_rng rng(seed + t * 0x9e3779b97f4a7c15ULL);
+          // Relaxed: a stop request, see run_timed.
+          while (!stop.load(std::memory_order_relaxed)) {
+            for (unsigned i = 0; i < kBatch; ++i) {
+              const std::uint64_t draw = rng.next();
+              const std::uint64_t key = key_of(fast_rng::below(draw, n));
+              const std::uint64_t op = fast_rng::below(draw >> 32, 20);  // 1/20 = 5%
+              if (op == 0) {
+                map.insert(key, make_value(key));
+              } else if (op == 1) {
+                map.erase(key);
+              } else {
+                bool good = true;
+                map.visit(key, [&](const value64& v) { good = value_matches(v, key); });
+                if (!good) [[unlikely]] {
+                  report_error(Map::kName, "mixed: wrong value", key);
+                  ++slot.errors;
+                }
+              }
+            }
+            slot.add_ops(1);
+          }
+        });
   }
   return r;
 }
@@ -707,6 +727,7 @@ result timed_result(const char* map, use_case uc, unsigned threads, const case_r
   r.add("peak_mem_mib", s.peak_mib, 2);
   r.add("fill_mib", c.fill_mib, 2);
   r.add("errors", c.errors + s.errors);
+  r.add("cpu_cores", s.cpu_cores, 2);
   return r;
 }
 
@@ -751,8 +772,7 @@ void run_footprint(run_state& st) {
   r.add("threads", std::uint64_t{Map::kConcurrent ? st.cfg.producers : 1u}).add("keys", n);
   r.add("resident_mib", signed_mib(after, before), 2);
   r.add("bytes_per_key",
-        static_cast<double>(static_cast<std::int64_t>(after - before)) / static_cast<double>(n),
-        1);
+        static_cast<double>(static_cast<std::int64_t>(after - before)) / static_cast<double>(n), 1);
   r.add("errors", errors);
   st.sink.emit(r);
 }
@@ -922,12 +942,23 @@ std::string number_text(double x) {
 // cannot trim the top of a thread arena, and tbbmalloc keeps its own pools), a fresh liburcu
 // call_rcu backlog and a fresh grace domain. The child's stderr is inherited.
 void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
-  std::vector<std::string> args = {
-      "grace-bench", "map", "--in-process", "--producers", std::to_string(cfg.producers),
-      "--warmup", number_text(cfg.warmup_s), "--duration", number_text(cfg.duration_s),
-      "--map", map_name(j.map), "--use-case", use_case_name(j.uc),
-      "--footprint-keys", std::to_string(cfg.footprint_keys),
-      "--destroy-elements", std::to_string(cfg.destroy_elements)};
+  std::vector<std::string> args = {"grace-bench",
+                                   "map",
+                                   "--in-process",
+                                   "--producers",
+                                   std::to_string(cfg.producers),
+                                   "--warmup",
+                                   number_text(cfg.warmup_s),
+                                   "--duration",
+                                   number_text(cfg.duration_s),
+                                   "--map",
+                                   map_name(j.map),
+                                   "--use-case",
+                                   use_case_name(j.uc),
+                                   "--footprint-keys",
+                                   std::to_string(cfg.footprint_keys),
+                                   "--destroy-elements",
+                                   std::to_string(cfg.destroy_elements)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -943,8 +974,7 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
   pid_t pid = 0;
-  const int spawned =
-      posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+  const int spawned = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(pipe_fds[1]);
   if (spawned != 0) {
@@ -980,11 +1010,10 @@ void describe(options_spec& spec) {
   spec.add_number("warmup", kDefaultWarmupS, "warm-up seconds, not measured (htab-mem -w)", 0,
                   3600);
   spec.add_number("duration", kDefaultDurationS, "measured seconds (htab-mem -d)", 0.1, 3600);
-  spec.add_choice_list("map", "all",
-                       {"grace", "cds_lfht", "absl_sharded", "absl_single", "tbb", "libcuckoo",
-                        "all"},
-                       "maps to run, in the order given; all = every map built in "
-                       "(absl_single only at --producers 1)");
+  spec.add_choice_list(
+      "map", "all", {"grace", "cds_lfht", "absl_sharded", "absl_single", "tbb", "libcuckoo", "all"},
+      "maps to run, in the order given; all = every map built in "
+      "(absl_single only at --producers 1)");
   spec.add_choice_list("use-case", "all",
                        {"overwrite", "batch_add_batch_del", "add_del_on_diff_cpu", "lookup",
                         "mixed", "footprint", "destroy", "all"},
