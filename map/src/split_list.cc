@@ -189,23 +189,17 @@ void split_list::shrink_to(unsigned target) noexcept {
   }
 }
 
-void split_list::consider_resize_slow(bool after_insert) noexcept {
+void split_list::consider_resize_slow() noexcept {
   // Acquire: the previous resizer's levels and size; pairs with the Release store below.
   if (resizing_.exchange(true, std::memory_order_acquire)) return;  // one resizer at a time
-  const std::size_t count = size();
-  const double elements = static_cast<double>(count);
-  std::size_t reserved = reserved_elements_.load(std::memory_order_relaxed);
-  // Relaxed: see reserved_elements_. The reservation has served its purpose once reached.
-  if (reserved != 0 && count >= reserved) {
-    reserved_elements_.compare_exchange_strong(reserved, 0, std::memory_order_relaxed);
-  }
+  const double elements = static_cast<double>(size());
   // Relaxed: we are the only resizer.
   const unsigned current = size_log2_.load(std::memory_order_relaxed);
   const double buckets = std::ldexp(1.0, static_cast<int>(current));
   if (elements > buckets * config_.grow_load_factor && current < max_log2_) {
     const auto wanted = static_cast<std::size_t>(elements / config_.grow_load_factor) + 1;
     grow_to(std::min(max_log2_, log2_ceil(wanted)));
-  } else if (const unsigned floor = after_insert ? floor_log2() : min_log2_;
+  } else if (const unsigned floor = floor_log2();
              elements < buckets * config_.shrink_load_factor && current > floor &&
              !in_read_section()) {
     // Hysteresis: shrink to half the grow load factor, not to the edge of growing again.

@@ -248,10 +248,11 @@ class hash_map {
   // Exact when no update is in flight.
   std::size_t size() const noexcept { return list_.size(); }
   bool empty() const noexcept { return size() == 0; }
-  // Grows the table so `n` elements fit under the grow load factor, and keeps inserts from
-  // shrinking it below that until the map first holds n elements (or clear()), so n inserts
-  // never resize; erasing still shrinks it. Inside a read section it is best effort: it skips if another resize is
-  // running (waiting could deadlock).
+  // Grows the table so `n` elements fit under the grow load factor, and never shrinks it
+  // below that size again until clear(), so a workload that swings between empty and n
+  // elements never resizes (like std::unordered_map::reserve(), whose buckets stay; a
+  // smaller n than an earlier one changes nothing). Inside a read section it is best effort:
+  // it skips growing if another resize is running (waiting could deadlock).
   void reserve(std::size_t n) { list_.reserve(n); }
 
   // Erases every element. Concurrent updates may leave elements inserted meanwhile. Outside
@@ -517,7 +518,9 @@ class hash_map {
       detail::split_list& list;
       std::int64_t& erased;
       ~count_erased() {
-        if (erased != 0) list.count(-erased);
+        if (erased == 0) return;
+        list.count(-erased);
+        list.consider_resize_slow();  // one update of many elements: look now, not at random
       }
     } counting{list_, erased};
     {

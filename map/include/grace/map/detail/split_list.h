@@ -137,7 +137,7 @@ class split_list {
     mine.updates.store(updates, std::memory_order_relaxed);
     const unsigned size_log2 = size_log2_.load(std::memory_order_relaxed);
     const std::uint32_t sample_mask = size_log2 > 8 ? 63 : 0;
-    if ((updates & sample_mask) == 0) [[unlikely]] consider_resize_slow(delta > 0);
+    if ((updates & sample_mask) == 0) [[unlikely]] consider_resize_slow();
   }
   std::size_t size() const noexcept;
   std::size_t bucket_count() const noexcept {
@@ -147,17 +147,17 @@ class split_list {
   std::uint64_t shrinks() const noexcept { return shrinks_.load(std::memory_order_relaxed); }
 
   // Grows until `elements` fit under the grow load factor (bounded by max_buckets), and keeps
-  // inserts from shrinking it below that size until the map first holds that many elements.
-  // Inside a read section it only tries: if another resize runs, it returns without growing.
+  // shrinks from going below that size until drop_reservation(). Inside a read section it
+  // only tries: if another resize runs, it returns without growing.
   void reserve(std::size_t elements);
   // Forgets what reserve() asked for (clear()).
   void drop_reservation() noexcept {
     reserved_elements_.store(0, std::memory_order_relaxed);  // Relaxed: see the member.
   }
   // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks only outside a
-  // read section (it waits for grace periods), otherwise leaves it for a later update. After
-  // an insert, a shrink stops at what reserve() asked for; after an erase it does not.
-  [[gnu::cold, gnu::noinline]] void consider_resize_slow(bool after_insert) noexcept;
+  // read section (it waits for grace periods), otherwise leaves it for a later update, and
+  // never below what reserve() asked for.
+  [[gnu::cold, gnu::noinline]] void consider_resize_slow() noexcept;
 
   // Unlinks `node` (already marked) from the list if still linked, helping along the way;
   // used by updaters whose own unlink CAS failed. Type-erased: reclaims through element_ops.
@@ -193,8 +193,7 @@ class split_list {
   unsigned min_log2_;
   unsigned max_log2_;
   // The element count reserve() asked room for: shrinking stops at the size it needs until
-  // the map first holds that many elements (or clear()). 0: none. Relaxed: a hint for the
-  // one resizer.
+  // clear(). 0: none. Relaxed: a hint for the one resizer.
   std::atomic<std::size_t> reserved_elements_{0};
   std::atomic<unsigned> size_log2_{0};
   std::atomic<list_node*> levels_[kMaxLevels]{};
