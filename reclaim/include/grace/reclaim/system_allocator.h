@@ -1,9 +1,11 @@
 // grace::system_allocator: where grace's own bookkeeping memory comes from.
 //
 // The domain's retire blocks (and, in alloc/, the pool's chunks) are taken from a
-// system_allocator. The default uses std::malloc/std::free. Tests inject one that fails on
-// demand to prove that every path survives allocation failure: a failed allocation is
-// reported by returning nullptr, never by throwing.
+// system_allocator. The default uses std::malloc/std::free, and maps requests of 64 KiB or
+// more in whole pages directly (mmap/munmap: no allocator header beside them, returned to
+// the system whole). Tests inject one that fails on demand to prove that every path
+// survives allocation failure: a failed allocation is reported by returning nullptr, never
+// by throwing.
 #pragma once
 
 #include <cstddef>
