@@ -293,19 +293,30 @@ void options_spec::print_help(std::ostream& out) const {
     }
     return text;
   };
-  for (const option& opt : options_) width = std::max(width, left(opt).size());
+  // Option names longer than this take a line of their own, with the help indented below,
+  // so one long choice list does not squeeze every help text into a narrow column.
+  constexpr std::size_t kNameColumn = 24;
+  for (const option& opt : options_) {
+    const std::size_t name_width = left(opt).size();
+    if (name_width <= kNameColumn) width = std::max(width, name_width);
+  }
+  const auto print = [&](const std::string& name, const std::string& text) {
+    if (name.size() > width) {
+      out << "  " << name << "\n" << std::string(width + 4, ' ');
+    } else {
+      out << "  " << std::left << std::setw(static_cast<int>(width)) << name << "  ";
+    }
+    out << wrapped(text, width + 4) << "\n";
+  };
   for (const option& opt : options_) {
     std::string text = opt.help;
     if (opt.type != kind::flag) {
       text +=
           " (default " + (opt.default_text.empty() ? opt.default_value : opt.default_text) + ")";
     }
-    out << "  " << std::left << std::setw(static_cast<int>(width)) << left(opt) << "  "
-        << wrapped(text, width + 4) << "\n";
+    print(left(opt), text);
   }
-  out << "  " << std::left << std::setw(static_cast<int>(width)) << "--help"
-      << "  "
-      << "print this help\n";
+  print("--help", "print this help");
   if (!epilogue_.empty()) out << "\n" << epilogue_ << "\n";
 }
 
