@@ -1358,10 +1358,9 @@ TEST(ObjectPool, KeepsItsGuaranteeWhenTheDomainHasNoMemoryForRetireBlocks) {
   EXPECT_EQ(domain_memory.live_allocations(), 0);
 }
 
+// Debug builds only: release builds release the memory instead (the next test).
+#ifndef NDEBUG
 TEST(ObjectPool, DestroyingWithObjectsStillAllocatedAbortsNamingTheCount) {
-#ifdef NDEBUG
-  GTEST_SKIP() << "release builds release the memory instead of aborting";
-#else
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
       {
@@ -1376,13 +1375,12 @@ TEST(ObjectPool, DestroyingWithObjectsStillAllocatedAbortsNamingTheCount) {
         pool.reset();
       },
       "2 object\\(s\\) of 64 bytes still allocated");
-#endif
 }
+#endif
 
+// Release builds only: debug builds abort instead (the death test above).
+#ifdef NDEBUG
 TEST(ObjectPool, DestroyingWithObjectsStillAllocatedReleasesTheMemoryInReleaseBuilds) {
-#ifndef NDEBUG
-  GTEST_SKIP() << "debug builds abort instead (see the death test above)";
-#else
   gt::failing_allocator memory;
   {
     grace::domain d;
@@ -1395,8 +1393,8 @@ TEST(ObjectPool, DestroyingWithObjectsStillAllocatedReleasesTheMemoryInReleaseBu
   }
   EXPECT_EQ(memory.live_allocations(), 0);
   EXPECT_EQ(memory.live_bytes(), 0);
-#endif
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // AddressSanitizer: objects in ready magazines are poisoned.
@@ -1441,10 +1439,9 @@ void* steer_into_ready_magazine(grace::object_pool& pool, grace::domain& d,
 
 #endif  // GRACE_TEST_ASAN
 
+// AddressSanitizer builds only (the asan preset).
+#ifdef GRACE_TEST_ASAN
 TEST(ObjectPool, AddressSanitizerCatchesAReadOfAnObjectWaitingInAReadyMagazine) {
-#ifndef GRACE_TEST_ASAN
-  GTEST_SKIP() << "needs AddressSanitizer";
-#else
   // threadsafe: the child re-runs the test from the start in a fresh process (a fork of a
   // process with the domain's threads could inherit a lock held by one of them).
   GTEST_FLAG_SET(death_test_style, "threadsafe");
@@ -1473,8 +1470,8 @@ TEST(ObjectPool, AddressSanitizerCatchesAReadOfAnObjectWaitingInAReadyMagazine) 
   for (void* x : again) ga::fill_object(x, 64, 7);
   pool.deallocate_bulk(again, 3);
   pool.deallocate_bulk(held.data(), held.size());
-#endif
 }
+#endif
 
 TEST(ObjectPool, PackedSmallObjectsStayUsableWhileOtherThreadsPoisonTheirNeighbours) {
   // Objects whose stride is not a multiple of 8 share AddressSanitizer shadow bytes with
