@@ -1,8 +1,11 @@
 // The out-of-line paths of the split-ordered list: construction, resize, helping unlinks.
 #include "grace/map/detail/split_list.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <new>
 #include <thread>
 
@@ -88,9 +91,35 @@ split_list::~split_list() {
   }
 }
 
+namespace {
+// Level arrays of at least this size are mapped on their own, aligned to it, and backed by
+// transparent huge pages where the system allows (madvise mode): every lookup starts at a
+// random dummy, and on 4 KiB pages a table of a million buckets (16 MiB) misses the TLB on
+// almost every one.
+constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
+void* map_huge(std::size_t bytes) noexcept {
+  void* mapped = ::mmap(nullptr, bytes + kHugePageBytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<std::uintptr_t>(mapped);
+  const std::uintptr_t aligned = (start + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
+  if (aligned != start) ::munmap(mapped, aligned - start);
+  if (const std::size_t tail = start + kHugePageBytes - aligned; tail != 0) {
+    ::munmap(reinterpret_cast<void*>(aligned + bytes), tail);
+  }
+  // Advice only: without transparent huge pages the mapping works on small pages.
+  ::madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(aligned);
+}
+}  // namespace
+
 list_node* split_list::allocate_level(unsigned level) noexcept {
   const std::size_t count = level == 0 ? 1 : std::size_t{1} << (level - 1);
-  void* memory = ::operator new(count * sizeof(list_node), std::align_val_t{64}, std::nothrow);
+  const std::size_t bytes = count * sizeof(list_node);
+  void* memory = bytes >= kHugePageBytes
+                     ? map_huge(bytes)
+                     : ::operator new(bytes, std::align_val_t{64}, std::nothrow);
   if (memory == nullptr) return nullptr;
   auto* array = static_cast<list_node*>(memory);
   for (std::size_t i = 0; i < count; ++i) new (&array[i]) list_node();
@@ -99,8 +128,13 @@ list_node* split_list::allocate_level(unsigned level) noexcept {
 
 void split_list::free_level(list_node* array, unsigned level) noexcept {
   const std::size_t count = level == 0 ? 1 : std::size_t{1} << (level - 1);
+  const std::size_t bytes = count * sizeof(list_node);
   for (std::size_t i = 0; i < count; ++i) array[i].~list_node();
-  ::operator delete(array, std::align_val_t{64});
+  if (bytes >= kHugePageBytes) {
+    ::munmap(array, bytes);
+  } else {
+    ::operator delete(array, std::align_val_t{64});
+  }
 }
 
 std::size_t split_list::size() const noexcept {
