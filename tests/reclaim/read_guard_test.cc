@@ -14,6 +14,8 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <new>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -269,6 +271,26 @@ TEST(ReadGuard, ThreadsThatPinnedAndExitedDoNotHoldUpGracePeriods) {
     auto g = grace::pin();
     body();
   });
+}
+
+// A thread that ends with a guard still held (here one built in static storage and never
+// destroyed) would otherwise hold up every grace period of the process for good: its exit
+// ends the section and says so.
+TEST(ReadGuard, AThreadThatExitsInsideAReadSectionEndsItAndSaysSo) {
+  grace::domain d;
+  ::testing::internal::CaptureStderr();
+  std::thread leaker([] {
+    alignas(grace::read_guard) static unsigned char storage[sizeof(grace::read_guard)];
+    new (storage) grace::read_guard;  // never destroyed: the thread exits inside the section
+    auto nested = grace::pin();
+  });
+  leaker.join();
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("a thread exited inside a read section (1 read_guard(s) still held)"),
+            std::string::npos)
+      << "stderr was: " << said;
+  gt::watchdog dog(kNoDeadlock, "synchronize() after a thread exited inside a read section");
+  for (int i = 0; i < 10; ++i) d.synchronize();
 }
 
 TEST(ReadGuard, SynchronizeWaitsForEveryReaderInsideWhenItStarts) {

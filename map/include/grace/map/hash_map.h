@@ -28,8 +28,11 @@
 
 #include <absl/hash/hash.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <new>
 #include <optional>
@@ -42,6 +45,18 @@
 #include "grace/map/detail/split_list.h"
 #include "grace/map/fwd.h"
 #include "grace/reclaim/domain.h"
+
+// Misuse checks: with GRACE_CHECK_MISUSE set to 1 (the default when NDEBUG is not defined),
+// every operation and pinned view counts itself in flight, and ~hash_map() aborts with a
+// message naming the map if any is (a map destroyed while another thread still uses it).
+// The count is a shared write per operation, so release builds leave it out.
+#ifndef GRACE_CHECK_MISUSE
+#ifdef NDEBUG
+#define GRACE_CHECK_MISUSE 0
+#else
+#define GRACE_CHECK_MISUSE 1
+#endif
+#endif
 
 namespace grace {
 
@@ -90,6 +105,33 @@ class hash_map {
   static constexpr bool kTrivialNode =
       std::is_trivially_destructible_v<Key> && std::is_trivially_destructible_v<Value>;
 
+  // Every operation and pinned view runs inside one: a read section, and the in-flight count
+  // that ~hash_map() checks when GRACE_CHECK_MISUSE is on.
+  class operation_scope {
+   public:
+    explicit operation_scope([[maybe_unused]] const hash_map& map) noexcept
+#if GRACE_CHECK_MISUSE
+        : map_(map) {
+      // Relaxed: a diagnostic; a destructor racing with the increment may miss it.
+      map_.operations_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~operation_scope() {
+      map_.operations_in_flight_.fetch_sub(1, std::memory_order_relaxed);  // Relaxed: as above.
+    }
+#else
+    {
+    }
+#endif
+    operation_scope(const operation_scope&) = delete;
+    operation_scope& operator=(const operation_scope&) = delete;
+
+   private:
+    read_guard guard_;
+#if GRACE_CHECK_MISUSE
+    const hash_map& map_;
+#endif
+  };
+
  public:
   using key_type = Key;
   using mapped_type = Value;
@@ -107,8 +149,12 @@ class hash_map {
         list_(config_, domain_, detail::element_ops{&reclaim_element, this}) {}
 
   // Releases every element in bulk and waits for grace periods once (the pool's barrier).
-  // Requires: no other thread uses the map, and the caller holds no read_guard.
-  ~hash_map() { release_all(/*destroying=*/true); }
+  // Requires: no other thread uses the map any more (checked with GRACE_CHECK_MISUSE), and
+  // the caller holds no read_guard.
+  ~hash_map() {
+    check_unused();
+    release_all(/*destroying=*/true);
+  }
 
   hash_map(const hash_map&) = delete;
   hash_map& operator=(const hash_map&) = delete;
@@ -147,8 +193,8 @@ class hash_map {
 
    private:
     friend class hash_map;
-    explicit pinned_view(const hash_map& map) noexcept : map_(map) {}
-    read_guard guard_;
+    explicit pinned_view(const hash_map& map) noexcept : in_flight_(map), map_(map) {}
+    operation_scope in_flight_;
     const hash_map& map_;
   };
   [[nodiscard]] pinned_view pin() const noexcept { return pinned_view(*this); }
@@ -311,7 +357,22 @@ class hash_map {
     return options;
   }
 
-  static read_guard pin_reader() noexcept { return read_guard(); }
+  operation_scope pin_reader() const noexcept { return operation_scope(*this); }
+
+  void check_unused() const noexcept {
+#if GRACE_CHECK_MISUSE
+    // Relaxed: see operation_scope.
+    const std::uint64_t in_flight = operations_in_flight_.load(std::memory_order_relaxed);
+    if (in_flight != 0) {
+      std::fprintf(stderr,
+                   "grace::hash_map at %p destroyed while %llu operation(s) or pinned view(s) "
+                   "on it are still in flight: every thread must be done with a map before it "
+                   "is destroyed.\n",
+                   static_cast<const void*>(this), static_cast<unsigned long long>(in_flight));
+      std::abort();
+    }
+#endif
+  }
 
   template <class... Args>
   node* make_node(std::uint64_t hash, const Key& key, Args&&... args) {
@@ -558,6 +619,9 @@ class hash_map {
   [[no_unique_address]] Hash hash_;
   [[no_unique_address]] KeyEqual equal_;
   detail::split_list list_;
+  // Operations and pinned views in flight (GRACE_CHECK_MISUSE); present in every build so
+  // that the layout does not depend on NDEBUG.
+  mutable std::atomic<std::uint64_t> operations_in_flight_{0};
 };
 
 }  // namespace grace
