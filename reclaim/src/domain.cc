@@ -55,8 +55,12 @@ void flush_global_domain_at_exit() {
 
 namespace detail {
 unsigned cpu_shard_count() noexcept {
-  const int cpus = get_nprocs_conf();
-  return std::bit_ceil(static_cast<unsigned>(cpus > 0 ? cpus : 1));
+  // get_nprocs_conf() reads sysfs each time; the count of possible CPUs does not change.
+  static const unsigned shards = [] {
+    const int cpus = get_nprocs_conf();
+    return std::bit_ceil(static_cast<unsigned>(cpus > 0 ? cpus : 1));
+  }();
+  return shards;
 }
 }  // namespace detail
 
