@@ -179,20 +179,25 @@ struct pool_core {
     allocator().deallocate(c, kChunkBytes, allocator().context);
   }
 
-  // (P5): `count` objects of `c` will never be used again.
+  // (P5): `count` objects of `c` will never be used again. Only the last releaser may touch
+  // `c` after its fetch_add: from then on another thread's release may be the last one and
+  // free the chunk (a read of c->capacity there faulted on a chunk already unmapped, or read
+  // freed memory as a "double release").
   void release_to_chunk(chunk* c, std::uint32_t count) noexcept {
+    // Read while our `count` unreleased objects still keep the chunk alive.
+    const std::uint32_t capacity = c->capacity;
     // AcqRel (A5): every release happens-before the last releaser frees the chunk.
     const std::uint32_t before = c->released.fetch_add(count, std::memory_order_acq_rel);
 #ifndef NDEBUG
-    if (before + count > c->capacity) {
+    if (before + count > capacity) {
       std::fprintf(stderr,
                    "grace::object_pool: %u object(s) released to a chunk that had only %u "
                    "unreleased: an object was deallocated twice, or by the wrong pool.\n",
-                   count, c->capacity - before);
+                   count, capacity - before);
       std::abort();
     }
 #endif
-    if (before + count == c->capacity) free_chunk(c);
+    if (before + count == capacity) free_chunk(c);
   }
 
   static void release_object_after_gp(void* object) noexcept {

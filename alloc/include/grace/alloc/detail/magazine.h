@@ -27,7 +27,8 @@
 //   (P3) A cache's lists are touched only by the thread holding it (held == true).
 //   (P4) A magazine in a depot slot is owned by the slot; it moves out by one exchange.
 //   (P5) chunk.released counts objects carved from the chunk and released; it reaches
-//        chunk.capacity exactly once, and that releaser frees the chunk.
+//        chunk.capacity exactly once, and that releaser frees the chunk. Any other releaser
+//        touches the chunk only before its fetch_add (the chunk may be gone right after).
 //
 // Ordering guarantees:
 //   (A1) Acquire exchange(true) on cache.held takes the cache with every change its previous
