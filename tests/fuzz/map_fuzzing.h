@@ -1,0 +1,208 @@
+// Shared by the grace::hash_map fuzz targets (test-only): reading the input, the maps under
+// test (a hash with selectable collision patterns, options that make the table resize all
+// the time), keys and values that carry their own identity, and failing loudly.
+//
+// Both targets start with the same two header bytes:
+//   byte 0: bits 0-2 the hash (hash_mode), bit 3 std::string keys and values instead of
+//           std::uint64_t, bits 4-7 target-specific;
+//   byte 1: the map's options (decode_options()).
+// A value carries a 64-bit code (value_code()): the key's index, the writing thread and a
+// serial number, so a value seen under the wrong key (a reused element) or one nobody
+// wrote is recognised.
+#pragma once
+
+#include <absl/hash/hash.h>
+
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "grace/map/hash_map.h"
+
+namespace grace::fuzzing {
+
+// Prints what went wrong and aborts: libFuzzer saves the input as a crash.
+[[noreturn]] [[gnu::format(printf, 1, 2)]] inline void fail(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::fputs("\n*** grace fuzz check failed: ", stderr);
+  std::vfprintf(stderr, format, args);
+  std::fputc('\n', stderr);
+  va_end(args);
+  std::fflush(stderr);
+  std::abort();
+}
+
+#define GRACE_FUZZ_CHECK(cond, format, ...)                                              \
+  do {                                                                                   \
+    if (!(cond)) [[unlikely]] {                                                          \
+      ::grace::fuzzing::fail("line %d: `%s`: " format, __LINE__, #cond __VA_OPT__(, ) \
+                                 __VA_ARGS__);                                           \
+    }                                                                                    \
+  } while (0)
+
+// Reads the input front to back; past its end every byte reads as 0.
+class byte_reader {
+ public:
+  byte_reader(const std::uint8_t* data, std::size_t size) noexcept : data_(data), size_(size) {}
+  bool done() const noexcept { return pos_ >= size_; }
+  std::size_t left() const noexcept { return done() ? 0 : size_ - pos_; }
+  std::uint8_t next() noexcept { return pos_ < size_ ? data_[pos_++] : 0; }
+
+ private:
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t pos_ = 0;
+};
+
+// How a key's index becomes its hash. The patterns stress the split-ordered list: long
+// runs of equal hashes (ties in so_key order), every key in bucket 0 whatever the size, and
+// hashes whose low bits are the index (buckets split in a predictable order).
+enum class hash_mode : std::uint8_t {
+  mixed,      // absl::Hash
+  identity,   // the index: bucket = index mod size
+  mod5,       // five hashes for all keys: long chains of equal so_keys
+  high_bits,  // index << 57: every key in bucket 0, pairs of equal hashes
+  constant,   // one hash for every key
+  halves,     // index / 2: pairs of equal hashes, buckets in index order
+};
+inline const char* name_of(hash_mode mode) noexcept {
+  constexpr const char* kNames[] = {"mixed", "identity", "mod5", "high_bits", "constant",
+                                    "halves"};
+  return kNames[static_cast<unsigned>(mode)];
+}
+inline hash_mode decode_hash_mode(std::uint8_t bits) noexcept {
+  bits &= 7;
+  return bits <= 5 ? static_cast<hash_mode>(bits) : hash_mode::mixed;
+}
+
+// Keys are made from an index below 256: std::uint64_t keys are the index itself,
+// std::string keys are 32 bytes (past the small-string buffer) ending in the index.
+template <class Key>
+struct key_codec;
+template <>
+struct key_codec<std::uint64_t> {
+  static std::uint64_t make(std::size_t index) noexcept { return index; }
+  // The index, or nullopt if `key` is not one that make() builds.
+  static std::optional<std::size_t> index_of(std::uint64_t key) noexcept {
+    if (key >= 256) return std::nullopt;
+    return static_cast<std::size_t>(key);
+  }
+};
+template <>
+struct key_codec<std::string> {
+  static std::string make(std::size_t index) {
+    std::string key(31, 'k');
+    key.push_back(static_cast<char>(index));
+    return key;
+  }
+  static std::optional<std::size_t> index_of(const std::string& key) noexcept {
+    if (key.size() != 32 || std::string_view(key).substr(0, 31).find_first_not_of('k') !=
+                                std::string_view::npos) {
+      return std::nullopt;
+    }
+    return static_cast<unsigned char>(key.back());
+  }
+};
+
+// The Hash of every map under test; stateful, so one instantiation covers every mode.
+struct index_hash {
+  hash_mode mode = hash_mode::mixed;
+
+  template <class Key>
+  std::size_t operator()(const Key& key) const noexcept {
+    if (mode == hash_mode::mixed) return absl::Hash<Key>{}(key);
+    const std::optional<std::size_t> index = key_codec<Key>::index_of(key);
+    GRACE_FUZZ_CHECK(index.has_value(), "the map hashed a key the fuzzer never made");
+    const std::uint64_t i = *index;
+    switch (mode) {
+      case hash_mode::identity:
+        return i;
+      case hash_mode::mod5:
+        return i % 5;
+      case hash_mode::high_bits:
+        return static_cast<std::size_t>(i << 57);
+      case hash_mode::constant:
+        return 0x5eed;
+      case hash_mode::halves:
+        return i / 2;
+      case hash_mode::mixed:
+        break;
+    }
+    return 0;
+  }
+};
+
+// A value's code: the key's index (8 bits), the writing thread (8 bits), a serial (48 bits).
+inline std::uint64_t value_code(std::size_t index, unsigned thread, std::uint64_t serial) noexcept {
+  return (std::uint64_t{index} << 56) | (std::uint64_t{thread} << 48) |
+         (serial & ((std::uint64_t{1} << 48) - 1));
+}
+inline std::size_t index_of_code(std::uint64_t code) noexcept { return code >> 56; }
+inline unsigned thread_of_code(std::uint64_t code) noexcept { return (code >> 48) & 0xff; }
+inline std::uint64_t serial_of_code(std::uint64_t code) noexcept {
+  return code & ((std::uint64_t{1} << 48) - 1);
+}
+
+// Values carry a code: std::uint64_t values are the code, std::string values are 40 bytes
+// (heap-allocated) holding the code and a fixed filler that read() checks.
+template <class Value>
+struct value_codec;
+template <>
+struct value_codec<std::uint64_t> {
+  static std::uint64_t make(std::uint64_t code) noexcept { return code; }
+  static std::optional<std::uint64_t> read(std::uint64_t value) noexcept { return value; }
+};
+template <>
+struct value_codec<std::string> {
+  static constexpr std::size_t kSize = 40;
+  static std::string make(std::uint64_t code) {
+    std::string value(kSize, 'v');
+    std::memcpy(value.data(), &code, sizeof code);
+    return value;
+  }
+  // The code, or nullopt if `value` is not one that make() builds (torn or overwritten).
+  static std::optional<std::uint64_t> read(const std::string& value) noexcept {
+    if (value.size() != kSize || value.find_first_not_of('v', sizeof(std::uint64_t)) !=
+                                     std::string::npos) {
+      return std::nullopt;
+    }
+    std::uint64_t code;
+    std::memcpy(&code, value.data(), sizeof code);
+    return code;
+  }
+};
+
+// Options from one byte, chosen so that the table resizes all the time:
+//   bits 0-1: grow_load_factor 1, 0.5, 2 or 4; shrink_load_factor is always an eighth of it
+//   bits 2-3: max_buckets 256, 4, 32 or 4096
+//   bit 4:    initial_buckets 1 or 16 (clamped to [min, max])
+//   bit 5:    a tight element pool: tiny per-CPU caches, and the updating thread runs a
+//             grace period itself after a few frees, so elements are reused within an input
+//   bit 6:    min_buckets 4 instead of 1
+inline hash_map_options decode_options(std::uint8_t bits) {
+  constexpr double kGrow[] = {1.0, 0.5, 2.0, 4.0};
+  constexpr std::size_t kMaxBuckets[] = {256, 4, 32, 4096};
+  hash_map_options options;
+  options.grow_load_factor = kGrow[bits & 3];
+  options.shrink_load_factor = options.grow_load_factor / 8;
+  options.max_buckets = kMaxBuckets[(bits >> 2) & 3];
+  options.min_buckets = (bits & 0x40) != 0 ? 4 : 1;
+  options.initial_buckets = (bits & 0x10) != 0 ? 16 : 1;
+  if ((bits & 0x20) != 0) {
+    options.pool.low_watermark = 1;
+    options.pool.high_watermark = 4;
+    options.pool.batch = 2;
+    options.pool.gp_request_threshold = 2;
+    options.pool.caller_gp_threshold = 8;
+  }
+  return options;
+}
+
+}  // namespace grace::fuzzing

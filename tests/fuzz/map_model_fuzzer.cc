@@ -1,0 +1,365 @@
+// libFuzzer target: one thread's operations on a grace::hash_map, each checked against a
+// std::unordered_map. Every return value, every value seen, size() after every operation,
+// the load factor after every insert or erase (small tables), and the whole content with
+// for_each() every 32 operations and at the end.
+//
+// Input: the two header bytes of map_fuzzing.h (byte 0 bits 4-7 unused), then one operation
+// per two bytes, [op][key]:
+//   op  % kOpCount: the operation; op / kOpCount: its argument (0-15)
+//   key % kKeys:    the key's index (a small key space: most operations hit a present key)
+// A pin holds a read section across the next arg + 1 operations and checks at the end that
+// the element it read is unchanged, however the map changed meanwhile. reserve, clear and
+// the range operations force the table through large resizes in a few bytes.
+//
+// Replay a crash: build/fuzz/tests/fuzz/map_model_fuzzer crash-<sha1>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "grace/map/hash_map.h"
+#include "grace/reclaim/read_guard.h"
+#include "tests/fuzz/map_fuzzing.h"
+
+namespace {
+
+namespace gf = grace::fuzzing;
+
+constexpr std::size_t kKeys = 128;
+constexpr std::size_t kContentCheckEvery = 32;
+
+enum class op : std::uint8_t {
+  find,
+  contains,
+  visit,
+  pin,
+  insert,
+  try_emplace,
+  insert_or_assign,
+  assign,
+  update,
+  erase,
+  erase_if,
+  for_each,
+  reserve,
+  clear,
+  size,
+  insert_range,
+  erase_range,
+  kCount
+};
+constexpr unsigned kOpCount = static_cast<unsigned>(op::kCount);
+
+template <class Key, class Value>
+class model_run {
+  using map_type = grace::hash_map<Key, Value, gf::index_hash>;
+  using keys = gf::key_codec<Key>;
+  using values = gf::value_codec<Value>;
+
+ public:
+  model_run(gf::hash_mode hash, const grace::hash_map_options& options)
+      : options_(options), map_(options, gf::index_hash{hash}) {}
+
+  void run(gf::byte_reader& in) {
+    for (std::size_t n = 0; in.left() >= 2; ++n) {
+      op_ = n;
+      const std::uint8_t op_byte = in.next();
+      const std::size_t index = in.next() % kKeys;
+      buckets_before_ = map_.stats().buckets;
+      apply(static_cast<op>(op_byte % kOpCount), op_byte / kOpCount, index);
+      GRACE_FUZZ_CHECK(map_.size() == model_.size(), "op %zu: size() %zu, model %zu", op_,
+                       map_.size(), model_.size());
+      if (held_ && --held_->ops_left == 0) release_pin();
+      if (n % kContentCheckEvery == kContentCheckEvery - 1) check_content();
+    }
+    if (held_) release_pin();
+    check_content();
+  }
+
+ private:
+  // A read section held across operations (op::pin), and what it read.
+  struct held_pin {
+    std::unique_ptr<typename map_type::pinned_view> view;
+    std::size_t index;
+    const Value* element;  // nullptr: the key was absent
+    std::uint64_t code;
+    std::size_t pinned_at;  // the op that pinned
+    std::size_t ops_left;
+  };
+
+  std::uint64_t fresh_code(std::size_t index) { return gf::value_code(index, 0, ++serial_); }
+
+  // The value must be exactly the model's.
+  void check_value(const char* what, std::size_t index, const Value& value) const {
+    const std::optional<std::uint64_t> code = values::read(value);
+    GRACE_FUZZ_CHECK(code.has_value(), "op %zu: %s(%zu) saw a malformed value", op_, what,
+                     index);
+    const auto it = model_.find(index);
+    GRACE_FUZZ_CHECK(it != model_.end(), "op %zu: %s(%zu) saw a value of an absent key", op_,
+                     what, index);
+    GRACE_FUZZ_CHECK(*code == it->second, "op %zu: %s(%zu) saw %#llx, model %#llx", op_, what,
+                     index, static_cast<unsigned long long>(*code),
+                     static_cast<unsigned long long>(it->second));
+  }
+  void check_present(const char* what, std::size_t index, bool map_says) const {
+    const bool present = model_.count(index) != 0;
+    GRACE_FUZZ_CHECK(map_says == present, "op %zu: %s(%zu) returned %d, model says %d", op_,
+                     what, index, map_says, present);
+  }
+
+  void apply(op o, unsigned arg, std::size_t index) {
+    const Key key = keys::make(index);
+    switch (o) {
+      case op::find: {
+        const std::optional<Value> found = map_.find(key);
+        check_present("find", index, found.has_value());
+        if (found) check_value("find", index, *found);
+        break;
+      }
+      case op::contains:
+        check_present("contains", index, map_.contains(key));
+        break;
+      case op::visit: {
+        int calls = 0;
+        const bool visited = map_.visit(key, [&](const Value& v) {
+          ++calls;
+          check_value("visit", index, v);
+        });
+        check_present("visit", index, visited);
+        GRACE_FUZZ_CHECK(calls == (visited ? 1 : 0), "op %zu: visit called f %d times", op_,
+                         calls);
+        break;
+      }
+      case op::pin:
+        pin(key, index, arg);
+        break;
+      case op::insert: {
+        const std::uint64_t code = fresh_code(index);
+        const bool inserted = map_.insert(key, values::make(code));
+        check_present("!insert", index, !inserted);
+        if (inserted) model_.emplace(index, code);
+        after_update(inserted, false);
+        break;
+      }
+      case op::try_emplace: {
+        const std::uint64_t code = fresh_code(index);
+        const bool inserted = map_.try_emplace(key, values::make(code));
+        check_present("!try_emplace", index, !inserted);
+        if (inserted) model_.emplace(index, code);
+        after_update(inserted, false);
+        break;
+      }
+      case op::insert_or_assign: {
+        const std::uint64_t code = fresh_code(index);
+        const bool inserted = map_.insert_or_assign(key, values::make(code));
+        check_present("!insert_or_assign", index, !inserted);
+        model_[index] = code;
+        after_update(inserted, false);
+        break;
+      }
+      case op::assign: {
+        const std::uint64_t code = fresh_code(index);
+        const bool assigned = map_.assign(key, values::make(code));
+        check_present("assign", index, assigned);
+        if (assigned) model_[index] = code;
+        break;
+      }
+      case op::update: {
+        const std::uint64_t code = fresh_code(index);
+        int calls = 0;
+        const bool updated = map_.update(key, [&](const Value& old) {
+          ++calls;
+          check_value("update", index, old);
+          return values::make(code);
+        });
+        check_present("update", index, updated);
+        GRACE_FUZZ_CHECK(calls == (updated ? 1 : 0), "op %zu: update called f %d times", op_,
+                         calls);
+        if (updated) model_[index] = code;
+        break;
+      }
+      case op::erase: {
+        const bool erased = map_.erase(key);
+        check_present("erase", index, erased);
+        model_.erase(index);
+        after_update(false, erased);
+        break;
+      }
+      case op::erase_if: {
+        const bool want = (arg & 1) != 0;
+        int calls = 0;
+        const bool erased = map_.erase_if(key, [&](const Value& v) {
+          ++calls;
+          check_value("erase_if", index, v);
+          return want;
+        });
+        const bool present = model_.count(index) != 0;
+        GRACE_FUZZ_CHECK(erased == (present && want), "op %zu: erase_if(%zu) returned %d", op_,
+                         index, erased);
+        GRACE_FUZZ_CHECK(calls == (present ? 1 : 0), "op %zu: erase_if called pred %d times",
+                         op_, calls);
+        if (erased) model_.erase(index);
+        after_update(false, erased);
+        break;
+      }
+      case op::for_each:
+        check_content();
+        break;
+      case op::reserve:
+        // Up to 2040 elements: up to 4096 buckets at the smallest load factor.
+        map_.reserve(index * 16 + arg);
+        reserved_ = true;
+        break;
+      case op::clear: {
+        const bool erased = !model_.empty();  // clear() counts its erases at once, if any
+        map_.clear();
+        model_.clear();
+        reserved_ = false;
+        GRACE_FUZZ_CHECK(map_.empty(), "op %zu: not empty after clear()", op_);
+        after_update(false, erased);
+        break;
+      }
+      case op::size:
+        GRACE_FUZZ_CHECK(map_.empty() == model_.empty(), "op %zu: empty()", op_);
+        break;
+      case op::insert_range:
+        for (std::size_t i = 0; i < 4 * (arg + 1); ++i) {
+          const std::size_t k = (index + i) % kKeys;
+          const std::uint64_t code = fresh_code(k);
+          const bool inserted = map_.insert(keys::make(k), values::make(code));
+          check_present("!insert_range", k, !inserted);
+          if (inserted) model_.emplace(k, code);
+          after_update(inserted, false);
+          buckets_before_ = map_.stats().buckets;
+        }
+        break;
+      case op::erase_range:
+        for (std::size_t i = 0; i < 4 * (arg + 1); ++i) {
+          const std::size_t k = (index + i) % kKeys;
+          const bool erased = map_.erase(keys::make(k));
+          check_present("erase_range", k, erased);
+          model_.erase(k);
+          after_update(false, erased);
+          buckets_before_ = map_.stats().buckets;
+        }
+        break;
+      case op::kCount:
+        break;
+    }
+  }
+
+  void pin(const Key& key, std::size_t index, unsigned arg) {
+    if (held_) {  // already pinned: read through a nested view
+      auto view = map_.pin();
+      const Value* v = view.find(key);
+      check_present("pin().find", index, v != nullptr);
+      if (v != nullptr) check_value("pin().find", index, *v);
+      check_present("pin().contains", index, view.contains(key));
+      return;
+    }
+    held_pin h;
+    // pinned_view can be neither copied nor moved: build it in place from the prvalue.
+    h.view.reset(new typename map_type::pinned_view(map_.pin()));
+    h.index = index;
+    h.element = h.view->find(key);
+    check_present("pin().find", index, h.element != nullptr);
+    h.code = 0;
+    if (h.element != nullptr) {
+      check_value("pin().find", index, *h.element);
+      h.code = *values::read(*h.element);
+    }
+    h.pinned_at = op_;
+    h.ops_left = arg + 2;  // this operation and arg + 1 more
+    held_ = std::move(h);
+  }
+
+  // Whatever happened to the element meanwhile (erased, replaced, the table resized, the
+  // map cleared), the pinned pointer still reads the value it read (reclamation waits).
+  void release_pin() {
+    if (held_->element != nullptr) {
+      const std::optional<std::uint64_t> code = values::read(*held_->element);
+      GRACE_FUZZ_CHECK(code.has_value() && *code == held_->code,
+                       "op %zu: an element pinned since op %zu changed under its read section",
+                       op_, held_->pinned_at);
+    }
+    held_.reset();
+  }
+
+  // Single-threaded, a table of at most 256 buckets looks at its load factor after every
+  // insert and erase (larger tables sample), so it is in bounds afterwards: not above the
+  // grow load factor unless at max_buckets; not below the shrink load factor unless at
+  // min_buckets, or a reserve() since the last clear() holds it up, or a read section was
+  // open (shrinking waits for grace periods, so it never runs inside one).
+  void after_update(bool inserted, bool erased) {
+    if (!inserted && !erased) return;
+    const grace::hash_map_stats s = map_.stats();
+    const double size = static_cast<double>(s.size);
+    const double buckets = static_cast<double>(s.buckets);
+    GRACE_FUZZ_CHECK(s.buckets >= 1 && s.buckets <= options_.max_buckets,
+                     "op %zu: %llu buckets", op_, static_cast<unsigned long long>(s.buckets));
+    if (buckets_before_ <= 256) {
+      GRACE_FUZZ_CHECK(size <= buckets * options_.grow_load_factor ||
+                           s.buckets == options_.max_buckets,
+                       "op %zu: the table did not grow (%zu elements, %llu buckets)", op_,
+                       model_.size(), static_cast<unsigned long long>(s.buckets));
+      GRACE_FUZZ_CHECK(size >= buckets * options_.shrink_load_factor ||
+                           s.buckets <= options_.min_buckets || reserved_ || held_ ||
+                           grace::in_read_section(),
+                       "op %zu: the table did not shrink (%zu elements, %llu buckets)", op_,
+                       model_.size(), static_cast<unsigned long long>(s.buckets));
+    }
+  }
+
+  // for_each visits every element once, with the model's value, and nothing else.
+  void check_content() {
+    std::vector<int> seen(kKeys, 0);
+    std::size_t visited = 0;
+    map_.for_each([&](const Key& key, const Value& value) {
+      ++visited;
+      const std::optional<std::size_t> index = keys::index_of(key);
+      GRACE_FUZZ_CHECK(index.has_value() && *index < kKeys,
+                       "op %zu: for_each visited a key never inserted", op_);
+      ++seen[*index];
+      check_value("for_each", *index, value);
+    });
+    GRACE_FUZZ_CHECK(visited == model_.size(), "op %zu: for_each visited %zu, model has %zu",
+                     op_, visited, model_.size());
+    for (std::size_t i = 0; i < kKeys; ++i) {
+      GRACE_FUZZ_CHECK(seen[i] == static_cast<int>(model_.count(i)),
+                       "op %zu: for_each visited key %zu %d times", op_, i, seen[i]);
+    }
+  }
+
+  grace::hash_map_options options_;
+  map_type map_;
+  std::unordered_map<std::size_t, std::uint64_t> model_;  // key index -> value code
+  std::optional<held_pin> held_;
+  std::uint64_t serial_ = 0;
+  std::size_t op_ = 0;
+  std::uint64_t buckets_before_ = 0;  // the table's size before the current update
+  bool reserved_ = false;           // reserve() since the last clear()
+};
+
+template <class Key, class Value>
+void run(gf::hash_mode hash, const grace::hash_map_options& options, gf::byte_reader& in) {
+  model_run<Key, Value> run(hash, options);
+  run.run(in);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  gf::byte_reader in(data, size);
+  const std::uint8_t variant = in.next();
+  const grace::hash_map_options options = gf::decode_options(in.next());
+  const gf::hash_mode hash = gf::decode_hash_mode(variant);
+  if ((variant & 8) != 0) {
+    run<std::string, std::string>(hash, options, in);
+  } else {
+    run<std::uint64_t, std::uint64_t>(hash, options, in);
+  }
+  return 0;
+}
