@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "fork_internal.h"
 #include "futex_internal.h"
 
 namespace grace::detail {
@@ -51,7 +52,13 @@ batch_node* push_chain(std::atomic<batch_node*>& stack, batch_node* newest,
 
 }  // namespace
 
-reclaim_engine::reclaim_engine(domain& owner) : owner_(owner) {
+reclaim_engine::reclaim_engine(domain& owner)
+    : owner_(owner),
+      fork_held_blocks_(std::make_unique<retire_block*[]>(owner.shard_mask_ + 1)) {
+  if (const int error = install_fork_handlers(); error != 0) {
+    throw std::system_error(error, std::generic_category(),
+                            "grace::domain: pthread_atfork (fork() support)");
+  }
   try {
     worker_thread_ = std::thread([this] { worker_thread_main(); });
     gp_thread_ = std::thread([this] { gp_thread_main(); });
@@ -63,9 +70,11 @@ reclaim_engine::reclaim_engine(domain& owner) : owner_(owner) {
     if (worker_thread_.joinable()) worker_thread_.join();
     throw;
   }
+  add_engine_for_fork(this);  // from here on, fork() parks and restarts the threads
 }
 
 reclaim_engine::~reclaim_engine() {
+  remove_engine_for_fork(this);  // before the threads stop: fork() no longer parks them
   // SeqCst: the GP thread checks stopping_ after its sleeping-flag store (Dekker pair).
   stopping_.store(true, std::memory_order_seq_cst);
   wake_gp_thread();
@@ -183,11 +192,17 @@ void reclaim_engine::flush_shards() noexcept {
 }
 
 void reclaim_engine::run_grace_period() noexcept {
+  // fork(): never copied with liburcu's grace-period lock held, nor with a ticket taken and
+  // not completed. Never inside a read section (callers check), so it may wait for a fork.
+  fork_gate_scope gate;
   // SeqCst: the ticket is ordered after every cookie read that returned a smaller value
   // (pairs with the SeqCst fence in domain::gp_cookie()); synchronize_rcu() then begins
   // after the ticket.
   const std::uint64_t ticket = owner_.gp_.started.fetch_add(1, std::memory_order_seq_cst) + 1;
   urcu_memb_synchronize_rcu();
+  // TSan: every reader that could see an object retired before the ticket has left; the
+  // Release below passes this on to gp_elapsed() callers, and the batch push to the worker.
+  grace_period_elapsed();
   std::uint64_t seen = owner_.gp_.completed.load(std::memory_order_relaxed);
   // Release: publishes that grace period `ticket` completed; pairs with the Acquire load in
   // domain::gp_elapsed(). A max, so a late finisher never moves it backwards.
@@ -203,6 +218,9 @@ void reclaim_engine::gp_thread_main() noexcept {
   const auto drain_interval = owner_.options_.drain_interval;
   auto last_flush = clock::now();
   for (;;) {
+    // fork(): the safe point, holding no batch and no shard. Relaxed: a hint;
+    // fork_park_point() reads it again with Acquire.
+    if (fork_park_.load(std::memory_order_relaxed) & 1) [[unlikely]] fork_park_point(gp_parked_);
     // Acquire (R2): take every submitted node with the fields its pusher wrote; pairs with
     // the SeqCst push (R1) in submit().
     batch_node* batch = submitted_.exchange(nullptr, std::memory_order_acquire);
@@ -244,7 +262,10 @@ void reclaim_engine::gp_thread_main() noexcept {
     const bool work_waiting = submitted_.load(std::memory_order_seq_cst) != nullptr ||
                               flush_requested_.load(std::memory_order_seq_cst) ||
                               gp_requested_.load(std::memory_order_seq_cst) ||
-                              stopping_.load(std::memory_order_seq_cst);
+                              stopping_.load(std::memory_order_seq_cst) ||
+                              // SeqCst (fork): a Dekker pair with request_park_for_fork()'s
+                              // store, then its bump of gp_wake_.
+                              (fork_park_.load(std::memory_order_seq_cst) & 1) != 0;
     if (!work_waiting) {
       // SeqCst: see note_block_opened().
       const bool timed = open_blocks_possible_.load(std::memory_order_seq_cst);
@@ -319,6 +340,25 @@ void reclaim_engine::pass_to_worker(batch_node* newest, batch_node* oldest) noex
 void reclaim_engine::worker_thread_main() noexcept {
   deleter_scope running_deleters;  // for the worker's whole life
   for (;;) {
+    // fork(): the safe point, between two nodes (the rest of the chain is in
+    // worker_backlog_, which the child's worker resumes). Relaxed: a hint;
+    // fork_park_point() reads it again with Acquire.
+    if (fork_park_.load(std::memory_order_relaxed) & 1) [[unlikely]] {
+      fork_park_point(worker_parked_);
+    }
+    if (batch_node* node = worker_backlog_) {
+      worker_backlog_ = node->next;  // read before a marker's owner may return
+      if (node->node_kind == batch_node::kind::objects) {
+        reclaim_block(static_cast<retire_block*>(node));
+      } else {
+        auto* marker = static_cast<barrier_marker*>(node);
+        // Release: everything reclaimed so far happens-before barrier() returns; pairs with
+        // the Acquire load in barrier(). The marker is not touched after this store.
+        marker->done.store(1, std::memory_order_release);
+        futex_wake_all(marker->done);
+      }
+      continue;
+    }
     // Acquire (R2): pairs with the SeqCst push (R1) in pass_to_worker().
     batch_node* chain = reclaim_queue_.exchange(nullptr, std::memory_order_acquire);
     if (chain == nullptr) {
@@ -332,9 +372,11 @@ void reclaim_engine::worker_thread_main() noexcept {
         const std::uint32_t seen = worker_wake_.load(std::memory_order_acquire);
         // SeqCst: Dekker pair with pass_to_worker()'s push and flag load.
         worker_sleeping_.store(true, std::memory_order_seq_cst);
-        // SeqCst: the other half of the pair.
+        // SeqCst: the other half of the pair (and, for fork_park_, with
+        // request_park_for_fork()'s store, then its bump of worker_wake_).
         if (reclaim_queue_.load(std::memory_order_seq_cst) == nullptr &&
-            !gp_thread_done_.load(std::memory_order_seq_cst)) {
+            !gp_thread_done_.load(std::memory_order_seq_cst) &&
+            (fork_park_.load(std::memory_order_seq_cst) & 1) == 0) {
           futex_wait(worker_wake_, seen);
         }
         // Relaxed: only read by wakers, who tolerate a stale true.
@@ -342,7 +384,7 @@ void reclaim_engine::worker_thread_main() noexcept {
         continue;
       }
     }
-    // (I4): reverse newest-first into oldest-first.
+    // (I4): reverse newest-first into oldest-first; the top of the loop takes them in turn.
     batch_node* oldest_first = nullptr;
     while (chain != nullptr) {
       batch_node* next = chain->next;
@@ -350,19 +392,7 @@ void reclaim_engine::worker_thread_main() noexcept {
       oldest_first = chain;
       chain = next;
     }
-    while (oldest_first != nullptr) {
-      batch_node* next = oldest_first->next;  // read before a marker's owner may return
-      if (oldest_first->node_kind == batch_node::kind::objects) {
-        reclaim_block(static_cast<retire_block*>(oldest_first));
-      } else {
-        auto* marker = static_cast<barrier_marker*>(oldest_first);
-        // Release: everything reclaimed so far happens-before barrier() returns; pairs with
-        // the Acquire load in barrier(). The marker is not touched after this store.
-        marker->done.store(1, std::memory_order_release);
-        futex_wake_all(marker->done);
-      }
-      oldest_first = next;
-    }
+    worker_backlog_ = oldest_first;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <thread>
 
 #include "grace/reclaim/domain.h"
@@ -46,7 +47,27 @@ class reclaim_engine {
 
   domain_stats stats() const noexcept;
 
+  // fork() support (defined in fork.cc, which describes the protocol). Called by the fork
+  // handlers with the engine list locked; `generation` is odd while a fork parks the threads.
+  void request_park_for_fork(std::uint32_t generation) noexcept;
+  void wait_parked_for_fork(std::uint32_t generation) noexcept;
+  void hold_shards_for_fork() noexcept;
+  void release_shards_after_fork() noexcept;
+  void unpark_after_fork(std::uint32_t generation) noexcept;  // parent
+  // Child, in order: make the state the threads left consistent (before any thread starts),
+  // start new threads, run a reclamation a dead thread had postponed.
+  void reset_after_fork_child(std::uint32_t generation) noexcept;
+  void restart_after_fork_child() noexcept;
+  void reclaim_adopted_after_fork_child(void* object, void (*deleter)(void*),
+                                        std::size_t bytes) noexcept;
+  // Links in the list of live engines (fork.cc), under that list's mutex.
+  reclaim_engine* fork_prev_ = nullptr;
+  reclaim_engine* fork_next_ = nullptr;
+
  private:
+  // Parks the calling engine thread while a fork() is in progress; called only at points
+  // where the thread holds no batch, block or lock (its worker backlog is in a member).
+  void fork_park_point(std::atomic<std::uint32_t>& parked) noexcept;
   void gp_thread_main() noexcept;
   void worker_thread_main() noexcept;
   void process_batch(batch_node* newest) noexcept;
@@ -92,6 +113,17 @@ class reclaim_engine {
   std::atomic<std::uint64_t> reclaimed_bytes_{0};
   std::atomic<std::uint64_t> batches_{0};
   std::atomic<std::uint64_t> grace_periods_{0};
+
+  // fork() support (fork.cc). fork_park_ is odd while a fork parks the threads; each thread
+  // acknowledges by storing that value into its word. The worker keeps the nodes it took but
+  // has not reached yet in worker_backlog_ (oldest first; only the worker touches it, and the
+  // forking thread while the worker is parked), so that it can park between two blocks.
+  alignas(64) std::atomic<std::uint32_t> fork_park_{0};
+  std::atomic<std::uint32_t> gp_parked_{0};
+  std::atomic<std::uint32_t> worker_parked_{0};
+  batch_node* worker_backlog_ = nullptr;
+  // Each shard's open block while the fork holds the shards (one slot per shard).
+  std::unique_ptr<retire_block*[]> fork_held_blocks_;
 
   std::thread gp_thread_;
   std::thread worker_thread_;

@@ -3,9 +3,19 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 
 #include "grace/reclaim/detail/urcu.h"
+#include "fork_internal.h"
 #include "reclaim_engine_internal.h"
+
+// fork(): struct urcu_reader and the urcu_memb_reader thread_local, so that the child can take
+// dead threads out of liburcu's registry (forget_other_threads_after_fork_child). The one
+// grace file besides detail/urcu.h that includes liburcu, and only for that: it depends on
+// the layout of struct urcu_reader, so grace is rebuilt with each liburcu release (as
+// GRACE_URCU_LGPL_INLINE builds are anyway). It calls none of the header's inline functions
+// but cds_list_del(), two stores.
+#include <urcu/static/urcu-memb.h>
 
 namespace grace::detail {
 namespace {
@@ -54,6 +64,47 @@ struct deferred_work {
 
 constinit thread_local deferred_work tls_deferred{};
 
+// --- fork() support: the threads grace registered with liburcu ---------------------------
+// In the child of fork() only the forking thread exists. liburcu's urcu-memb keeps the others
+// in its registry (it has no fork support), and a grace period would wait for ever for one
+// that was inside a read section; a new thread may also reuse a dead one's stack, overwriting
+// the registry node in its thread_locals. So grace lists the threads it registered, with
+// their liburcu entries, and the child takes every other one out. Changed only inside the
+// fork gate (next to the liburcu call it mirrors), so never mid-change when fork() copies it.
+struct thread_record {
+  thread_record* prev;
+  thread_record* next;
+  urcu_reader* liburcu_reader;  // this thread's node in liburcu's registry
+  deferred_work* deferred;      // its tls_deferred
+};
+
+constinit thread_local thread_record tls_record{nullptr, nullptr, nullptr, nullptr};
+// Circular, with this sentinel.
+constinit thread_record thread_list{&thread_list, &thread_list, nullptr, nullptr};
+// Between gate holders (each holds the gate shared, so several may change the list at once).
+// Unlocked whenever the gate is closed, so the child never inherits it locked.
+constinit std::mutex thread_list_mutex;
+
+void link_thread_record() noexcept {
+  thread_record& record = tls_record;
+  record.liburcu_reader = &urcu_memb_reader;
+  record.deferred = &tls_deferred;
+  std::lock_guard lock(thread_list_mutex);
+  record.prev = &thread_list;
+  record.next = thread_list.next;
+  thread_list.next->prev = &record;
+  thread_list.next = &record;
+}
+
+void unlink_thread_record() noexcept {
+  thread_record& record = tls_record;
+  std::lock_guard lock(thread_list_mutex);
+  record.prev->next = record.next;
+  record.next->prev = record.prev;
+  record.prev = record.next = nullptr;
+}
+// --- end fork() support ---------------------------------------------------------------------
+
 // Runs at thread exit after every C++ thread_local destructor (glibc runs pthread key
 // destructors last), so a destructor that pins still finds the thread registered. If a key
 // destructor pins again, registration sets the key again and this runs once more.
@@ -65,10 +116,15 @@ void unregister_at_thread_exit(void*) {
                  "ending the section so grace periods can complete.\n",
                  reader.nesting);
     reader.nesting = 0;
+    grace_period_reader_exit();  // TSan: as in read_unlock()
     urcu_memb_read_unlock();
   }
   if (reader.has_deferred_work) run_deferred_work_slow();
-  urcu_memb_unregister_thread();
+  {
+    fork_gate_scope gate;  // fork(): liburcu's registry lock and our list, never mid-change
+    urcu_memb_unregister_thread();
+    unlink_thread_record();
+  }
   reader.registered = false;
 }
 
@@ -87,7 +143,18 @@ pthread_key_t registration_key() noexcept {
 }  // namespace
 
 void register_thread_slow() noexcept {
-  urcu_memb_register_thread();
+  // A process whose threads only pin (no domain yet) needs the fork handlers as well: the
+  // child must forget the other readers.
+  if (const int error = install_fork_handlers(); error != 0) {
+    std::fprintf(stderr, "grace: pthread_atfork failed (error %d); cannot register readers\n",
+                 error);
+    std::abort();
+  }
+  {
+    fork_gate_scope gate;  // fork(): liburcu's registry lock and our list, never mid-change
+    urcu_memb_register_thread();
+    link_thread_record();
+  }
   // Any non-null value arms the destructor.
   pthread_setspecific(registration_key(), &tls_reader);
   tls_reader.registered = true;
@@ -137,6 +204,43 @@ void run_deferred_work_slow() noexcept {
     }
   }
   for (unsigned i = 0; i < wait_count; ++i) waits[i]->backpressure_wait();
+}
+
+adopted_reclaim* forget_other_threads_after_fork_child(std::size_t& count) noexcept {
+  // The child has one thread, this one; no other thread will ever change the list again, and
+  // no grace period is in flight (the gate was closed), so liburcu's registry is not being
+  // walked either: plain accesses suffice.
+  const thread_record* self = &tls_record;
+  std::size_t postponed = 0;
+  for (thread_record* r = thread_list.next; r != &thread_list; r = r->next) {
+    if (r != self) postponed += r->deferred->reclaim_count;
+  }
+  auto* adopted = postponed == 0 ? nullptr
+                                 : static_cast<adopted_reclaim*>(
+                                       std::malloc(postponed * sizeof(adopted_reclaim)));
+  count = 0;
+  for (thread_record* r = thread_list.next; r != &thread_list;) {
+    thread_record* next = r->next;
+    if (r != self) {
+      // Objects a thread retired inside a read section while out of memory: the retire()
+      // returned before the fork, so the child reclaims them too (if it has the memory to
+      // list them; otherwise they leak in the child only). One that thread was reclaiming
+      // at the fork instant (copied out of its list) is lost in the child.
+      const deferred_work& work = *r->deferred;
+      for (unsigned i = 0; adopted != nullptr && i < work.reclaim_count; ++i) {
+        const deferred_reclaim& d = work.reclaims[i];
+        adopted[count++] = adopted_reclaim{d.engine, d.object, d.deleter, d.bytes};
+      }
+      // What urcu_bp_after_fork_child() does for urcu-bp (urcu_bp_prune_registry): the dead
+      // thread leaves liburcu's registry, so no grace period waits for it, and nothing points
+      // into its stack any more.
+      cds_list_del(&r->liburcu_reader->node);
+      r->prev->next = r->next;
+      r->next->prev = r->prev;
+    }
+    r = next;
+  }
+  return adopted;
 }
 
 }  // namespace grace::detail

@@ -25,6 +25,8 @@ std::size_t iterations(std::size_t plain, std::size_t sanitized) noexcept {
 watchdog::watchdog(std::chrono::milliseconds timeout, std::string what) : what_(std::move(what)) {
   thread_ = std::thread([this, timeout] {
     std::unique_lock lock(mutex_);
+    started_ = true;
+    done_cv_.notify_all();
     if (!done_cv_.wait_for(lock, timeout, [this] { return done_; })) {
       std::fprintf(stderr, "watchdog: '%s' did not finish within %lld ms (deadlock?)\n",
                    what_.c_str(), static_cast<long long>(timeout.count()));
@@ -32,6 +34,11 @@ watchdog::watchdog(std::chrono::milliseconds timeout, std::string what) : what_(
       std::abort();
     }
   });
+  // Return only once the thread waits (it released the mutex in wait_for): a test that
+  // forks right after must not copy the process while the new thread is still starting,
+  // inside the allocator (fork_test.cc).
+  std::unique_lock lock(mutex_);
+  done_cv_.wait(lock, [this] { return started_; });
 }
 
 watchdog::~watchdog() {

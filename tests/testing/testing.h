@@ -50,6 +50,17 @@
 #ifndef GRACE_TESTING_SANITIZED
 #define GRACE_TESTING_SANITIZED 0
 #endif
+// GRACE_TESTING_TSAN is 1 under ThreadSanitizer alone.
+#if defined(__SANITIZE_THREAD__)
+#define GRACE_TESTING_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GRACE_TESTING_TSAN 1
+#endif
+#endif
+#ifndef GRACE_TESTING_TSAN
+#define GRACE_TESTING_TSAN 0
+#endif
 
 namespace grace::testing {
 
@@ -57,6 +68,10 @@ namespace grace::testing {
 // Iteration budgets.
 
 inline constexpr bool kSanitized = GRACE_TESTING_SANITIZED != 0;
+// True under ThreadSanitizer: for what TSan cannot run, such as threads started in the child
+// of a multi-threaded fork() (GCC 12's libtsan dies there, and checks nothing in such a
+// child anyway). Such a test skips with GTEST_SKIP() and a message that says why.
+inline constexpr bool kThreadSanitized = GRACE_TESTING_TSAN != 0;
 // Sanitized builds run this many times fewer iterations (they are 3-10x slower per operation,
 // and a 2-core CI machine must finish the asan preset in minutes).
 inline constexpr std::size_t kSanitizerDivisor = 8;
@@ -118,6 +133,7 @@ class watchdog {
  private:
   std::mutex mutex_;
   std::condition_variable done_cv_;
+  bool started_ = false;  // the thread runs (the constructor waits for it)
   bool done_ = false;
   std::string what_;
   std::thread thread_;

@@ -26,6 +26,18 @@
 //   - Pending memory is bounded: above the soft limits the engine drains at once; above the
 //     hard limits a retiring thread waits (outside its read sections) until the backlog
 //     falls back under them.
+//
+// fork() (without exec()) is supported; the child keeps using every domain it inherited.
+// Rules (details in reclaim/README.md, "fork()"):
+//   - Fork from a thread that holds no read_guard and is not running a deleter; either
+//     aborts with a message (fork() waits for the grace periods in flight, which would wait
+//     for that thread).
+//   - fork() waits for the grace periods in flight and for each worker to finish its current
+//     block, then parks the domains' threads; the child starts new ones.
+//   - Each object whose retire() returned before fork() is deleted exactly once in the parent
+//     and exactly once in the child (each in its own copy of memory). Only the forking thread
+//     exists in the child: other threads' read sections end there, and what they were doing
+//     at that instant (a retire() that had not returned) is lost in the child only.
 #pragma once
 
 #include <atomic>
@@ -36,6 +48,7 @@
 
 #include "grace/reclaim/detail/cpu.h"
 #include "grace/reclaim/detail/retire_block.h"
+#include "grace/reclaim/detail/tsan.h"
 #include "grace/reclaim/read_guard.h"
 #include "grace/reclaim/system_allocator.h"
 
@@ -202,7 +215,10 @@ inline std::uint64_t domain::gp_cookie() const noexcept {
   // whose ticket is >= the cookie began after the unlink; pairs with the SeqCst ticket
   // fetch_add in reclaim_engine::run_grace_period(). A load alone may be satisfied before
   // the unlink store is visible (store-load reordering).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // TSan: ignores fences, and needs no stand-in for this one: it orders a store before a
+  // load, which TSan does not check, and no happens-before edge rests on it (reuse after the
+  // grace period is ordered for TSan by detail::grace_period_elapsed()). It still runs.
+  detail::atomic_fence(std::memory_order_seq_cst);
   return gp_.started.load(std::memory_order_relaxed) + 1;
 }
 

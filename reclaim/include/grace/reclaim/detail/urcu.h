@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "grace/reclaim/detail/tsan.h"
+
 namespace grace::detail {
 
 // One per thread, shared by every domain (grace periods are process-wide). Plain fields: only
@@ -44,6 +46,7 @@ inline void read_lock() noexcept {
 inline void read_unlock() noexcept {
   reader_state& reader = tls_reader;
   if (--reader.nesting == 0) {
+    grace_period_reader_exit();  // TSan: the section's accesses precede the grace period's end
     urcu_memb_read_unlock();
     if (reader.has_deferred_work) [[unlikely]] run_deferred_work_slow();
   }

@@ -1,0 +1,322 @@
+// Tests for fork() in a process that uses grace::hash_map: the child uses a map its parent
+// filled (find, insert, erase, clear, destroy) with correct results, including when another
+// thread of the parent was updating the map at the moment of the fork.
+//
+// Conventions (as in tests/reclaim/fork_test.cc):
+//   - The child never returns into GoogleTest: it runs a function whose int result is its
+//     exit code (0 = passed; each failure prints a line on stderr and has its own code), and
+//     ends with _exit(). alarm() turns a hang in the child into SIGALRM; a watchdog covers
+//     the parent.
+//   - Under AddressSanitizer (GCC 12's libasan takes no lock around fork()), a child whose
+//     parent had another thread inside malloc at the fork can deadlock in its own malloc.
+//     The map updated across forks therefore takes its pool's and its domain's memory from
+//     mmap() (kMappingAllocator) and never resizes, so its updater never calls malloc, and
+//     the updater is running (a starting thread allocates) before the first fork.
+#include "grace/map/hash_map.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <latch>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "grace/reclaim/domain.h"
+#include "tests/testing/testing.h"
+
+namespace {
+
+namespace gt = grace::testing;
+
+// Under ThreadSanitizer the child of a fork() here starts threads (its domains' engines)
+// although its parent had several: GCC 12's libtsan does not support that (the child dies on
+// a reused thread id) and checks nothing in such a child anyway. The debug and asan presets
+// run these tests.
+constexpr const char* kSkipUnderTsan =
+    "ThreadSanitizer cannot run threads started in the child of a multi-threaded fork()";
+
+using namespace std::chrono_literals;
+
+constexpr auto kNoDeadlock = 120s;           // watchdog budget for the parent
+constexpr unsigned kChildAlarmSeconds = 60;  // a child still running after this is killed
+
+// Runs child() in a fork()ed child that exits with its result; returns the child's wait
+// status, or -1 if fork() failed.
+template <class Fn>
+int run_in_child(Fn child) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    ::alarm(kChildAlarmSeconds);
+    const int code = child();
+    std::fflush(stderr);
+    ::_exit(code);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return status;
+}
+
+::testing::AssertionResult exited_cleanly(int status) {
+  if (status == -1) return ::testing::AssertionFailure() << "fork() or waitpid() failed";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return ::testing::AssertionSuccess();
+  if (WIFEXITED(status)) {
+    return ::testing::AssertionFailure()
+           << "the child exited with code " << WEXITSTATUS(status) << " (see its stderr)";
+  }
+  if (WIFSIGNALED(status)) {
+    return ::testing::AssertionFailure()
+           << "the child was killed by signal " << WTERMSIG(status)
+           << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
+  }
+  return ::testing::AssertionFailure() << "unexpected wait status " << status;
+}
+
+// In the child: prints what failed and returns `code`.
+int child_failure(int code, const char* what, std::uint64_t key) {
+  std::fprintf(stderr, "child: %s (key %llu)\n", what, static_cast<unsigned long long>(key));
+  return code;
+}
+
+// --- a map filled by the parent ------------------------------------------------------------
+
+using string_map = grace::hash_map<std::uint64_t, std::string>;
+
+// Long enough to live on the heap: the values have real destructors.
+std::string value_of(std::uint64_t key, int version = 0) {
+  return "value-" + std::to_string(key) + "-version-" + std::to_string(version) +
+         "-padding-beyond-the-small-string-buffer";
+}
+
+// What the parent left before the fork: keys [0, n), every third erased, every fifth (of
+// those left) assigned version 1.
+std::optional<std::string> expected_before_fork(std::uint64_t key) {
+  if (key % 3 == 0) return std::nullopt;
+  return value_of(key, key % 5 == 0 ? 1 : 0);
+}
+
+// Checks find() of every key in [0, n) against expected_before_fork(); 0 or an exit code.
+int check_parent_contents(const string_map& map, std::uint64_t n) {
+  for (std::uint64_t key = 0; key < n; ++key) {
+    if (map.find(key) != expected_before_fork(key)) {
+      return child_failure(10, "find() disagrees with what the parent left", key);
+    }
+  }
+  return 0;
+}
+
+TEST(HashMapFork, TheChildFindsInsertsErasesClearsAndDestroysAMapItsParentFilled) {
+  if (gt::kThreadSanitized) GTEST_SKIP() << kSkipUnderTsan;
+  const std::uint64_t n = gt::iterations(20'000, 4'000);
+  auto map = std::make_unique<string_map>();
+  for (std::uint64_t key = 0; key < n; ++key) ASSERT_TRUE(map->insert(key, value_of(key)));
+  // Leave erased and replaced elements waiting for their grace period at the fork.
+  for (std::uint64_t key = 0; key < n; key += 3) ASSERT_TRUE(map->erase(key));
+  for (std::uint64_t key = 0; key < n; key += 5) {
+    if (key % 3 != 0) {
+      ASSERT_TRUE(map->assign(key, value_of(key, 1)));
+    }
+  }
+
+  int status;
+  {
+    gt::watchdog dog(kNoDeadlock, "the child of a process with a filled map");
+    status = run_in_child([&] {
+      if (int code = check_parent_contents(*map, n)) return code;
+      // Inserts: new keys, and keys the parent erased.
+      for (std::uint64_t key = 0; key < 2 * n; ++key) {
+        const bool absent = key >= n || key % 3 == 0;
+        if (map->insert(key, value_of(key, 2)) != absent) {
+          return child_failure(11, "insert() of a key did not report what the parent left", key);
+        }
+      }
+      for (std::uint64_t key = 0; key < 2 * n; ++key) {
+        const bool absent_before = key >= n || key % 3 == 0;
+        const std::string want = absent_before ? value_of(key, 2) : *expected_before_fork(key);
+        if (map->find(key) != want) return child_failure(12, "find() after insert()", key);
+      }
+      // Erases: every other key.
+      for (std::uint64_t key = 0; key < 2 * n; key += 2) {
+        if (!map->erase(key)) return child_failure(13, "erase() of a present key failed", key);
+      }
+      for (std::uint64_t key = 0; key < 2 * n; ++key) {
+        if (map->contains(key) != (key % 2 == 1)) {
+          return child_failure(14, "contains() after erase()", key);
+        }
+      }
+      if (map->size() != n) return child_failure(15, "size() after erase()", map->size());
+      map->clear();
+      for (std::uint64_t key = 0; key < 2 * n; ++key) {
+        if (map->contains(key)) return child_failure(16, "a key survived clear()", key);
+      }
+      if (!map->empty()) return child_failure(17, "not empty after clear()", map->size());
+      for (std::uint64_t key = 0; key < 100; ++key) {
+        if (!map->insert(key, value_of(key, 3))) {
+          return child_failure(18, "insert() after clear()", key);
+        }
+      }
+      map.reset();  // releases every element and waits for the domain's barrier()
+      grace::domain::global().synchronize();
+      grace::domain::global().barrier();
+      return 0;
+    });
+  }
+  EXPECT_TRUE(exited_cleanly(status));
+
+  // The parent's map is untouched by the child's work.
+  for (std::uint64_t key = 0; key < n; ++key) {
+    ASSERT_EQ(map->find(key), expected_before_fork(key)) << "key " << key;
+  }
+  for (std::uint64_t key = n; key < n + 100; ++key) ASSERT_TRUE(map->insert(key, value_of(key)));
+  map->clear();
+  EXPECT_TRUE(map->empty());
+  map.reset();
+}
+
+// --- a map another thread of the parent updates across forks ---------------------------------
+
+// Every request mapped on its own (page-granular, aligned by trimming an over-sized mapping).
+// Never calls malloc: see the file comment.
+void* map_pages(std::size_t bytes, std::size_t alignment, void*) noexcept {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t size = (bytes + page - 1) / page * page;
+  const std::size_t slack = alignment > page ? alignment : 0;
+  void* raw = ::mmap(nullptr, size + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned =
+      slack == 0 ? start : (start + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
+  if (aligned != start) ::munmap(raw, aligned - start);
+  const std::uintptr_t end = start + size + slack;
+  if (end != aligned + size) {
+    ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  }
+  return reinterpret_cast<void*>(aligned);
+}
+
+void unmap_pages(void* memory, std::size_t bytes, void*) noexcept {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  ::munmap(memory, (bytes + page - 1) / page * page);
+}
+
+constexpr grace::system_allocator kMappingAllocator{&map_pages, &unmap_pages, nullptr};
+
+using u64_map = grace::hash_map<std::uint64_t, std::uint64_t>;
+
+constexpr std::uint64_t kUpdaterKeys = 512;          // the parent's thread: [0, 512)
+constexpr std::uint64_t kChildKeys = 1'000'000;      // the child's: [kChildKeys, + n)
+// Values the updater writes: the key in the low bits, a round number above.
+constexpr std::uint64_t updater_value(std::uint64_t key, std::uint64_t round) {
+  return round << 20 | key;
+}
+
+TEST(HashMapFork, TheChildUsesAMapThatAnotherThreadOfTheParentWasUpdatingAtTheFork) {
+  if (gt::kThreadSanitized) GTEST_SKIP() << kSkipUnderTsan;
+  grace::domain d({.allocator = kMappingAllocator});
+  grace::hash_map_options options;
+  options.reclamation = &d;
+  // One fixed size: a resize allocates its bucket level with malloc (see the file comment).
+  options.initial_buckets = options.min_buckets = options.max_buckets = 4096;
+  options.pool.allocator = kMappingAllocator;
+  u64_map map(options);
+  for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) map.insert(key, updater_value(key, 0));
+
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> rounds{0};
+  std::latch updater_in(1);  // running (not starting) at the first fork: see the file comment
+  std::thread updater([&] {
+    updater_in.count_down();
+    // Relaxed: a stop flag.
+    for (std::uint64_t round = 1; !stop.load(std::memory_order_relaxed); ++round) {
+      for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) {
+        switch ((key + round) % 4) {
+          case 0: map.insert_or_assign(key, updater_value(key, round)); break;
+          case 1: map.erase(key); break;
+          case 2: map.insert(key, updater_value(key, round)); break;
+          default: (void)map.find(key); break;
+        }
+      }
+      rounds.store(round, std::memory_order_relaxed);  // Relaxed: progress, read for a check.
+    }
+  });
+
+  updater_in.wait();
+  const int forks = static_cast<int>(gt::iterations(40, 20));
+  const std::uint64_t child_keys = gt::iterations(4'000, 1'000);
+  {
+    gt::watchdog dog(kNoDeadlock, "forks while another thread updates the map");
+    for (int i = 0; i < forks; ++i) {
+      const int status = run_in_child([&] {
+        // The updater's keys: absent, or a value it wrote for that key.
+        for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) {
+          const std::optional<std::uint64_t> v = map.find(key);
+          if (v && (*v & ((std::uint64_t{1} << 20) - 1)) != key) {
+            return child_failure(20, "an updater key maps to another key's value", key);
+          }
+        }
+        for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
+          if (!map.insert(key, key * 3)) return child_failure(21, "insert() of a new key", key);
+        }
+        for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
+          if (map.find(key) != key * 3) return child_failure(22, "find() after insert()", key);
+          if (key % 2 == 0 && !map.erase(key)) return child_failure(23, "erase()", key);
+        }
+        for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
+          if (map.contains(key) != (key % 2 == 1)) {
+            return child_failure(24, "contains() after erase()", key);
+          }
+        }
+        // The updater thread does not exist here; it may have been inside a read section,
+        // holding a pool cache, or between two steps of an update at the fork.
+        d.synchronize();
+        d.barrier();
+        map.clear();
+        for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) {
+          if (map.contains(key)) return child_failure(25, "a key survived clear()", key);
+        }
+        for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
+          if (map.contains(key)) return child_failure(25, "a key survived clear()", key);
+        }
+        if (!map.insert(7, 7) || map.find(7) != 7u) {
+          return child_failure(26, "insert() after clear()", 7);
+        }
+        d.barrier();
+        // Not destroyed: with GRACE_CHECK_MISUSE, ~hash_map() counts an operation the
+        // updater had in flight at the fork as still running (see reclaim/README.md).
+        return 0;
+      });
+      ASSERT_TRUE(exited_cleanly(status)) << "fork " << i << " of " << forks;
+    }
+  }
+  stop.store(true, std::memory_order_relaxed);  // Relaxed: a stop flag.
+  updater.join();
+  EXPECT_GT(rounds.load(std::memory_order_relaxed), 0u);  // Relaxed: after the join.
+
+  // The parent's map is consistent: every key absent or holding one of its own values.
+  for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) {
+    const std::optional<std::uint64_t> v = map.find(key);
+    if (v) {
+      ASSERT_EQ(*v & ((std::uint64_t{1} << 20) - 1), key);
+    }
+  }
+  for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
+    ASSERT_FALSE(map.contains(key)) << "a key the child inserted appeared in the parent";
+  }
+  map.clear();
+  d.barrier();
+}
+
+}  // namespace
