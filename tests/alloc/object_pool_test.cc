@@ -49,13 +49,6 @@
 #include "tests/alloc/object_pool_testing.h"
 #include "tests/testing/testing.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define GRACE_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GRACE_TEST_ASAN 1
-#endif
-#endif
 
 namespace {
 
@@ -1399,7 +1392,7 @@ TEST(ObjectPool, DestroyingWithObjectsStillAllocatedReleasesTheMemoryInReleaseBu
 // ---------------------------------------------------------------------------------------------
 // AddressSanitizer: objects in ready magazines are poisoned.
 
-#ifdef GRACE_TEST_ASAN
+#if GRACE_TESTING_ASAN
 // Steers an object into a ready magazine without handing it out: a pool with 4-object
 // magazines on a thread pinned to one CPU (one cache) and a quiet domain (no trim pass):
 //   1. allocate p0..p3 (one refill of 4 fresh objects; the loaded magazine is now empty);
@@ -1437,10 +1430,10 @@ void* steer_into_ready_magazine(grace::object_pool& pool, grace::domain& d,
   return p[0];
 }
 
-#endif  // GRACE_TEST_ASAN
+#endif  // GRACE_TESTING_ASAN
 
 // AddressSanitizer builds only (the asan preset).
-#ifdef GRACE_TEST_ASAN
+#if GRACE_TESTING_ASAN
 TEST(ObjectPool, AddressSanitizerCatchesAReadOfAnObjectWaitingInAReadyMagazine) {
   // threadsafe: the child re-runs the test from the start in a fresh process (a fork of a
   // process with the domain's threads could inherit a lock held by one of them).

@@ -47,42 +47,7 @@ constexpr const char* kSkipUnderTsan =
 
 using namespace std::chrono_literals;
 
-constexpr auto kNoDeadlock = 120s;           // watchdog budget for the parent
-constexpr unsigned kChildAlarmSeconds = 60;  // a child still running after this is killed
-
-// Runs child() in a fork()ed child that exits with its result; returns the child's wait
-// status, or -1 if fork() failed.
-template <class Fn>
-int run_in_child(Fn child) {
-  const pid_t pid = ::fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    ::alarm(kChildAlarmSeconds);
-    const int code = child();
-    std::fflush(stderr);
-    ::_exit(code);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return -1;
-  }
-  return status;
-}
-
-::testing::AssertionResult exited_cleanly(int status) {
-  if (status == -1) return ::testing::AssertionFailure() << "fork() or waitpid() failed";
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return ::testing::AssertionSuccess();
-  if (WIFEXITED(status)) {
-    return ::testing::AssertionFailure()
-           << "the child exited with code " << WEXITSTATUS(status) << " (see its stderr)";
-  }
-  if (WIFSIGNALED(status)) {
-    return ::testing::AssertionFailure()
-           << "the child was killed by signal " << WTERMSIG(status)
-           << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
-  }
-  return ::testing::AssertionFailure() << "unexpected wait status " << status;
-}
+constexpr auto kNoDeadlock = 120s;  // watchdog budget for the parent
 
 // In the child: prints what failed and returns `code`.
 int child_failure(int code, const char* what, std::uint64_t key) {
@@ -133,7 +98,7 @@ TEST(HashMapFork, TheChildFindsInsertsErasesClearsAndDestroysAMapItsParentFilled
   int status;
   {
     gt::watchdog dog(kNoDeadlock, "the child of a process with a filled map");
-    status = run_in_child([&] {
+    status = gt::run_in_child([&] {
       if (int code = check_parent_contents(*map, n)) return code;
       // Inserts: new keys, and keys the parent erased.
       for (std::uint64_t key = 0; key < 2 * n; ++key) {
@@ -173,7 +138,7 @@ TEST(HashMapFork, TheChildFindsInsertsErasesClearsAndDestroysAMapItsParentFilled
       return 0;
     });
   }
-  EXPECT_TRUE(exited_cleanly(status));
+  EXPECT_TRUE(gt::exited_cleanly(status));
 
   // The parent's map is untouched by the child's work.
   for (std::uint64_t key = 0; key < n; ++key) {
@@ -259,7 +224,7 @@ TEST(HashMapFork, TheChildUsesAMapThatAnotherThreadOfTheParentWasUpdatingAtTheFo
   {
     gt::watchdog dog(kNoDeadlock, "forks while another thread updates the map");
     for (int i = 0; i < forks; ++i) {
-      const int status = run_in_child([&] {
+      const int status = gt::run_in_child([&] {
         // The updater's keys: absent, or a value it wrote for that key.
         for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) {
           const std::optional<std::uint64_t> v = map.find(key);
@@ -298,7 +263,7 @@ TEST(HashMapFork, TheChildUsesAMapThatAnotherThreadOfTheParentWasUpdatingAtTheFo
         // updater had in flight at the fork as still running (see reclaim/README.md).
         return 0;
       });
-      ASSERT_TRUE(exited_cleanly(status)) << "fork " << i << " of " << forks;
+      ASSERT_TRUE(gt::exited_cleanly(status)) << "fork " << i << " of " << forks;
     }
   }
   stop.store(true, std::memory_order_relaxed);  // Relaxed: a stop flag.

@@ -13,14 +13,8 @@
 #include <thread>
 
 #include "grace/map/hash_map.h"
+#include "tests/testing/testing.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define GRACE_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GRACE_TEST_ASAN 1
-#endif
-#endif
 
 namespace {
 
@@ -78,7 +72,7 @@ TEST(HashMapMisuse, AMapWhoseUsersAllFinishedIsDestroyedWithoutComplaint) {
 
 #endif  // GRACE_CHECK_MISUSE
 
-#ifdef GRACE_TEST_ASAN
+#if GRACE_TESTING_ASAN
 
 // Once a grace period has passed since an element was erased, the pool poisons it (or has
 // given its memory back to the system), so a read through a pointer kept past its pinned
@@ -108,6 +102,6 @@ TEST(HashMapMisuse, APointerKeptPastItsPinnedViewIsCaughtByAddressSanitizerOnceE
       "AddressSanitizer: (use-after-poison|SEGV)");
 }
 
-#endif  // GRACE_TEST_ASAN
+#endif  // GRACE_TESTING_ASAN
 
 }  // namespace

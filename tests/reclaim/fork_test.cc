@@ -52,42 +52,8 @@ constexpr const char* kSkipUnderTsan =
 using namespace std::chrono_literals;
 
 constexpr auto kNoDeadlock = 60s;         // watchdog budget for the parent's fork and wait
-constexpr unsigned kChildAlarmSeconds = 60;  // a child still running after this is killed
 constexpr std::size_t kCapacity = grace::detail::kRetireBlockCapacity;
 
-// Runs child() in a fork()ed child that exits with its result; returns the child's wait
-// status, or -1 if fork() failed.
-template <class Fn>
-int run_in_child(Fn child) {
-  const pid_t pid = ::fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    ::alarm(kChildAlarmSeconds);
-    const int code = child();
-    std::fflush(stderr);
-    ::_exit(code);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return -1;
-  }
-  return status;
-}
-
-::testing::AssertionResult exited_cleanly(int status) {
-  if (status == -1) return ::testing::AssertionFailure() << "fork() or waitpid() failed";
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return ::testing::AssertionSuccess();
-  if (WIFEXITED(status)) {
-    return ::testing::AssertionFailure()
-           << "the child exited with code " << WEXITSTATUS(status) << " (see its stderr)";
-  }
-  if (WIFSIGNALED(status)) {
-    return ::testing::AssertionFailure()
-           << "the child was killed by signal " << WTERMSIG(status)
-           << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
-  }
-  return ::testing::AssertionFailure() << "unexpected wait status " << status;
-}
 
 // In the child: reports a failed check and returns its exit code (or 0 if it passed).
 int check(const ::testing::AssertionResult& result, int code, const char* what) {
@@ -146,7 +112,7 @@ TEST(DomainFork, ChildAndParentEachReclaimEveryObjectRetiredBeforeTheForkExactly
   int status;
   {
     gt::watchdog dog(kNoDeadlock, "fork() and the child of a process using the global domain");
-    status = run_in_child([&] {
+    status = gt::run_in_child([&] {
       if (int code = check(tracker.none_destroyed(before, parent_end), 1,
                            "objects retired only later were already destroyed")) {
         return code;
@@ -181,7 +147,7 @@ TEST(DomainFork, ChildAndParentEachReclaimEveryObjectRetiredBeforeTheForkExactly
   }
   releaser.join();
   reader.join();
-  EXPECT_TRUE(exited_cleanly(status));
+  EXPECT_TRUE(gt::exited_cleanly(status));
 
   retire_range(d, tracker, child_end, parent_end);
   d.synchronize();
@@ -224,7 +190,7 @@ TEST(DomainFork, AThreadInsideAReadSectionAtTheForkDoesNotHoldUpTheChildsGracePe
   int status;
   {
     gt::watchdog dog(kNoDeadlock, "fork() while another thread is inside a read section");
-    status = run_in_child([&] {
+    status = gt::run_in_child([&] {
       // The reader thread does not exist here, but liburcu's registry still listed it
       // inside its read section: without grace's fork handling this waits for ever.
       d.synchronize();
@@ -234,7 +200,7 @@ TEST(DomainFork, AThreadInsideAReadSectionAtTheForkDoesNotHoldUpTheChildsGracePe
   }
   forked.store(true, std::memory_order_relaxed);  // Relaxed: as above.
   reader.join();
-  EXPECT_TRUE(exited_cleanly(status));
+  EXPECT_TRUE(gt::exited_cleanly(status));
   EXPECT_TRUE(tracker.none_destroyed(0, ids));  // the parent has not run barrier() yet
   d.barrier();
   EXPECT_TRUE(tracker.each_destroyed_once(0, ids));
@@ -270,14 +236,14 @@ TEST(DomainFork, TheChildReclaimsWhatAThreadPostponedToTheEndOfItsReadSection) {
   int status;
   {
     gt::watchdog dog(kNoDeadlock, "fork() while a thread holds a postponed reclamation");
-    status = run_in_child([&] {
+    status = gt::run_in_child([&] {
       d.barrier();
       return check(tracker.each_destroyed_once(0, 1), 1, "the postponed object in the child");
     });
   }
   forked.store(true, std::memory_order_relaxed);  // Relaxed: as above.
   reader.join();  // its guard's end reclaims the object in the parent
-  EXPECT_TRUE(exited_cleanly(status));
+  EXPECT_TRUE(gt::exited_cleanly(status));
   d.barrier();
   memory.fail_all(false);
   EXPECT_TRUE(tracker.each_destroyed_once(0, 1));
@@ -326,7 +292,7 @@ TEST(DomainFork, TheChildReclaimsExactlyOnceWhatAnotherThreadRetiredBeforeTheFor
   {
     gt::watchdog dog(kNoDeadlock, "forks while another thread retires");
     for (int f = 0; f < forks; ++f) {
-      const int status = run_in_child([&] {
+      const int status = gt::run_in_child([&] {
         // Acquire: see above.
         const std::size_t done = retired.load(std::memory_order_acquire);
         // The retirer does not exist here; it may have held its CPU's shard at the fork.
@@ -348,7 +314,7 @@ TEST(DomainFork, TheChildReclaimsExactlyOnceWhatAnotherThreadRetiredBeforeTheFor
         }
         return 0;
       });
-      ASSERT_TRUE(exited_cleanly(status)) << "fork " << f << " of " << forks;
+      ASSERT_TRUE(gt::exited_cleanly(status)) << "fork " << f << " of " << forks;
     }
   }
   stop.store(true, std::memory_order_relaxed);  // Relaxed: a stop flag.
@@ -373,7 +339,7 @@ TEST(DomainFork, ADomainCreatedBeforeTheForkCanBeDestroyedInTheChildAndANewOneCr
   int status;
   {
     gt::watchdog dog(kNoDeadlock, "destroying and creating domains in the child");
-    status = run_in_child([&] {
+    status = gt::run_in_child([&] {
       d.reset();  // barrier(), then joins the threads restarted in the child
       if (int code = check(tracker.each_destroyed_once(0, ids), 1, "after ~domain()")) {
         return code;
@@ -384,7 +350,7 @@ TEST(DomainFork, ADomainCreatedBeforeTheForkCanBeDestroyedInTheChildAndANewOneCr
       return check(tracker.each_destroyed_once(ids, 2 * ids), 2, "a domain created in the child");
     });
   }
-  EXPECT_TRUE(exited_cleanly(status));
+  EXPECT_TRUE(gt::exited_cleanly(status));
   d.reset();
   EXPECT_TRUE(tracker.each_destroyed_once(0, ids));
   EXPECT_TRUE(tracker.none_destroyed(ids, 2 * ids));
@@ -400,9 +366,9 @@ TEST(DomainFork, AChildCanForkAgain) {
   int status;
   {
     gt::watchdog dog(kNoDeadlock, "a fork in the child of a fork");
-    status = run_in_child([&] {
+    status = gt::run_in_child([&] {
       retire_range(d, tracker, ids, 2 * ids);
-      const int grandchild = run_in_child([&] {
+      const int grandchild = gt::run_in_child([&] {
         retire_range(d, tracker, 2 * ids, 3 * ids);
         d.barrier();
         return check(tracker.each_destroyed_once(0, 3 * ids), 1, "in the grandchild");
@@ -415,7 +381,7 @@ TEST(DomainFork, AChildCanForkAgain) {
       return check(tracker.each_destroyed_once(0, 2 * ids), 3, "in the child");
     });
   }
-  EXPECT_TRUE(exited_cleanly(status));
+  EXPECT_TRUE(gt::exited_cleanly(status));
   d.barrier();
   EXPECT_TRUE(tracker.each_destroyed_once(0, ids));
 }

@@ -1,9 +1,12 @@
 #include "tests/testing/testing.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -220,6 +223,29 @@ std::size_t current_rss_bytes() {
   std::size_t resident_pages = 0;
   if (!(statm >> size_pages >> resident_pages)) return 0;
   return resident_pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+int wait_for_child(pid_t pid) noexcept {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return status;
+}
+
+::testing::AssertionResult exited_cleanly(int status) {
+  if (status == -1) return ::testing::AssertionFailure() << "fork() or waitpid() failed";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return ::testing::AssertionSuccess();
+  if (WIFEXITED(status)) {
+    return ::testing::AssertionFailure()
+           << "the child exited with code " << WEXITSTATUS(status) << " (see its stderr)";
+  }
+  if (WIFSIGNALED(status)) {
+    return ::testing::AssertionFailure()
+           << "the child was killed by signal " << WTERMSIG(status)
+           << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
+  }
+  return ::testing::AssertionFailure() << "unexpected wait status " << status;
 }
 
 }  // namespace grace::testing

@@ -21,12 +21,15 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <latch>
 #include <memory>
@@ -49,6 +52,17 @@
 #endif
 #ifndef GRACE_TESTING_SANITIZED
 #define GRACE_TESTING_SANITIZED 0
+#endif
+// GRACE_TESTING_ASAN is 1 under AddressSanitizer: for tests of what only ASan can catch.
+#if defined(__SANITIZE_ADDRESS__)
+#define GRACE_TESTING_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GRACE_TESTING_ASAN 1
+#endif
+#endif
+#ifndef GRACE_TESTING_ASAN
+#define GRACE_TESTING_ASAN 0
 #endif
 // GRACE_TESTING_TSAN is 1 under ThreadSanitizer alone.
 #if defined(__SANITIZE_THREAD__)
@@ -251,5 +265,31 @@ class tracked {
 
 // The process's resident set size now, in bytes (/proc/self/statm); 0 if unreadable.
 std::size_t current_rss_bytes();
+
+// ---------------------------------------------------------------------------------------------
+// fork().
+
+// waitpid() that retries on EINTR: the status, or -1.
+int wait_for_child(pid_t pid) noexcept;
+
+// Runs child() in a fork()ed child that _exit()s with child()'s return value, and is killed
+// by SIGALRM if it still runs after `alarm_seconds`; returns the child's wait status, or -1
+// if fork() or waitpid() failed. In the child, report failures through the return value and
+// stderr, never through gtest assertions.
+template <class Fn>
+int run_in_child(Fn child, unsigned alarm_seconds = 60) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    ::alarm(alarm_seconds);
+    const int code = child();
+    std::fflush(stderr);
+    ::_exit(code);
+  }
+  return wait_for_child(pid);
+}
+// Success if `status` (from run_in_child) says the child exited with 0; otherwise says how it
+// ended (an exit code, or a signal: SIGALRM means it hung).
+::testing::AssertionResult exited_cleanly(int status);
 
 }  // namespace grace::testing
