@@ -11,8 +11,9 @@
 //
 // What can be mid-update when fork() copies the process, and what the handlers do about it:
 //   - liburcu's rcu_gp_lock and rcu_registry_lock, taken by synchronize_rcu() and by
-//     register/unregister_thread(): every such call is made inside the fork gate
-//     (fork_gate_scope), which prepare closes; so no thread holds them at the copy.
+//     register/unregister_thread(): every such call is made inside a fork gate
+//     (fork_gate_scope; one for grace periods, one for the registry, closed in that order),
+//     which prepare closes; so no thread holds them at the copy.
 //   - liburcu's registry in the child lists threads that do not exist there; one that was
 //     inside a read section would stall every grace period, and a new thread may reuse a
 //     dead one's stack and the registry node in it. The child removes them (thread list in
@@ -66,12 +67,13 @@
 namespace grace::detail {
 namespace {
 
-// --- the fork gate ----------------------------------------------------------------------------
-// gate_word: the number of threads inside, plus kForkClosing while a fork() holds it closed.
+// --- the fork gates ---------------------------------------------------------------------------
+// Each word: the number of threads inside, plus kForkClosing while a fork() holds it closed.
 constexpr std::uint32_t kForkClosing = std::uint32_t{1} << 31;
-constinit std::atomic<std::uint32_t> gate_word{0};
+constinit std::atomic<std::uint32_t> gp_gate_word{0};
+constinit std::atomic<std::uint32_t> registry_gate_word{0};
 
-void close_gate() noexcept {
+void close_gate(std::atomic<std::uint32_t>& gate_word) noexcept {
   // Acquire: every liburcu call made inside the gate is complete before the copy; pairs with
   // the Release decrement in ~fork_gate_scope().
   std::uint32_t seen = gate_word.fetch_or(kForkClosing, std::memory_order_acquire) | kForkClosing;
@@ -82,7 +84,7 @@ void close_gate() noexcept {
   }
 }
 
-void open_gate() noexcept {
+void open_gate(std::atomic<std::uint32_t>& gate_word) noexcept {
   // Release: the parent's handlers are done before a waiting thread enters; pairs with the
   // Acquire CAS in fork_gate_scope().
   gate_word.fetch_and(~kForkClosing, std::memory_order_release);
@@ -123,27 +125,33 @@ void prepare_fork() noexcept {
   engines_mutex.lock();
   const std::uint32_t generation = fork_generation + 1;
   fork_generation = generation;
-  // Park first, then close the gate: a parking GP thread may still need the gate to finish
+  // Park first, then close the gates: a parking GP thread may still need one to finish
   // its grace period.
   for_each_engine([&](reclaim_engine& e) { e.request_park_for_fork(generation); });
   for_each_engine([&](reclaim_engine& e) { e.wait_parked_for_fork(generation); });
-  close_gate();
+  // Grace periods first: closing that gate waits for read sections. Then registrations, which
+  // wait for nothing once no grace period runs (see fork_gate in fork_internal.h): a thread
+  // that registers or exits meanwhile is never held up while this thread waits for a reader.
+  close_gate(gp_gate_word);
+  close_gate(registry_gate_word);
   for_each_engine([](reclaim_engine& e) { e.hold_shards_for_fork(); });
 }
 
 void parent_after_fork() noexcept {
   const std::uint32_t generation = fork_generation;
   for_each_engine([](reclaim_engine& e) { e.release_shards_after_fork(); });
-  open_gate();
+  open_gate(registry_gate_word);
+  open_gate(gp_gate_word);
   for_each_engine([&](reclaim_engine& e) { e.unpark_after_fork(generation); });
   fork_generation = generation + 1;
   engines_mutex.unlock();
 }
 
 void child_after_fork() noexcept {
-  // This thread is the only one. The gate was closed by this thread with nobody inside.
-  // Relaxed: no other thread exists to observe it.
-  gate_word.store(0, std::memory_order_relaxed);
+  // This thread is the only one. The gates were closed by this thread with nobody inside.
+  // Relaxed: no other thread exists to observe them.
+  gp_gate_word.store(0, std::memory_order_relaxed);
+  registry_gate_word.store(0, std::memory_order_relaxed);
   // Before any thread is created: a new thread may reuse a dead one's stack.
   std::size_t adopted_count = 0;
   adopted_reclaim* adopted = forget_other_threads_after_fork_child(adopted_count);
@@ -204,19 +212,22 @@ void remove_engine_for_fork(reclaim_engine* engine) noexcept {
   engine->fork_prev_ = engine->fork_next_ = nullptr;
 }
 
-fork_gate_scope::fork_gate_scope() noexcept {
-  std::uint32_t seen = gate_word.load(std::memory_order_relaxed);
+fork_gate_scope::fork_gate_scope(fork_gate which) noexcept
+    : word_(which == fork_gate::grace_period ? gp_gate_word : registry_gate_word) {
+  // Relaxed: only a guess for the CAS below, which orders the entry.
+  std::uint32_t seen = word_.load(std::memory_order_relaxed);
   for (;;) {
     if ((seen & kForkClosing) != 0) {
-      futex_wait(gate_word, seen);
-      seen = gate_word.load(std::memory_order_relaxed);
+      futex_wait(word_, seen);
+      // Relaxed: as above.
+      seen = word_.load(std::memory_order_relaxed);
       continue;
     }
     // Acquire: enters after the previous fork's parent handler was done; pairs with the
     // Release fetch_and in open_gate(). Only when the gate is open: a closing fork never
     // sees a thread come in after it looked.
-    if (gate_word.compare_exchange_weak(seen, seen + 1, std::memory_order_acquire,
-                                        std::memory_order_relaxed)) {
+    if (word_.compare_exchange_weak(seen, seen + 1, std::memory_order_acquire,
+                                    std::memory_order_relaxed)) {
       return;
     }
   }
@@ -225,8 +236,8 @@ fork_gate_scope::fork_gate_scope() noexcept {
 fork_gate_scope::~fork_gate_scope() {
   // Release: the liburcu call is complete before a fork() sees this thread leave; pairs with
   // the Acquire loads in close_gate().
-  if (gate_word.fetch_sub(1, std::memory_order_release) == (kForkClosing | 1)) {
-    futex_wake_all(gate_word);
+  if (word_.fetch_sub(1, std::memory_order_release) == (kForkClosing | 1)) {
+    futex_wake_all(word_);
   }
 }
 

@@ -2,7 +2,9 @@
 // reclaim/src; the protocol is described at the top of fork.cc.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 namespace grace::detail {
 
@@ -17,19 +19,30 @@ int install_fork_handlers() noexcept;
 void add_engine_for_fork(reclaim_engine* engine) noexcept;
 void remove_engine_for_fork(reclaim_engine* engine) noexcept;
 
-// The fork gate, held (shared) across every call that takes liburcu's internal mutexes
-// (urcu_memb_synchronize_rcu, urcu_memb_register_thread, urcu_memb_unregister_thread) and
-// across changes to grace's thread list. fork() closes it: it waits until no thread is inside
-// and keeps new ones out, so the child never inherits one of those mutexes locked by a
-// thread that does not exist there. Entering waits while a fork() is in progress, so it is
-// never entered inside a read section (the fork may be waiting for a grace period that waits
-// for that section). Not reentrant: nothing runs inside it but the liburcu call.
+// The fork gates, each held (shared) across the calls that take one of liburcu's internal
+// mutexes, so that the child never inherits one locked by a thread that does not exist there.
+// fork() closes each: it waits until no thread is inside and keeps new ones out.
+//   - grace_period: urcu_memb_synchronize_rcu() (rcu_gp_lock, and rcu_registry_lock while it
+//     scans). Closing it waits for the grace periods in flight, hence for read sections.
+//   - registry: urcu_memb_register_thread()/unregister_thread() (rcu_registry_lock) and
+//     changes to grace's thread list. Closed only once the grace_period gate is closed and
+//     empty: these calls then wait for nothing, so closing it never waits for a reader.
+// Two gates, not one (review fix): with one, a thread's first pin() (or its exit) waited
+// behind a fork() that was itself waiting for a grace period; a reader that waited for that
+// thread (a mutex it held, a join) then deadlocked the fork, although the same program never
+// deadlocks without fork(). Entering a gate waits while a fork() is in progress, so neither
+// is ever entered inside a read section. Not reentrant: nothing runs inside but the call.
+enum class fork_gate { grace_period, registry };
+
 class fork_gate_scope {
  public:
-  fork_gate_scope() noexcept;
+  explicit fork_gate_scope(fork_gate which) noexcept;
   ~fork_gate_scope();
   fork_gate_scope(const fork_gate_scope&) = delete;
   fork_gate_scope& operator=(const fork_gate_scope&) = delete;
+
+ private:
+  std::atomic<std::uint32_t>& word_;
 };
 
 // An emergency reclamation that a thread postponed to the end of its read section (see

@@ -194,7 +194,7 @@ void reclaim_engine::flush_shards() noexcept {
 void reclaim_engine::run_grace_period() noexcept {
   // fork(): never copied with liburcu's grace-period lock held, nor with a ticket taken and
   // not completed. Never inside a read section (callers check), so it may wait for a fork.
-  fork_gate_scope gate;
+  fork_gate_scope gate(fork_gate::grace_period);
   // SeqCst: the ticket is ordered after every cookie read that returned a smaller value
   // (pairs with the SeqCst fence in domain::gp_cookie()); synchronize_rcu() then begins
   // after the ticket.

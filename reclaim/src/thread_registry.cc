@@ -1,6 +1,7 @@
 // Lazy liburcu registration, unregistration at thread exit, and per-thread deferred work.
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -121,7 +122,8 @@ void unregister_at_thread_exit(void*) {
   }
   if (reader.has_deferred_work) run_deferred_work_slow();
   {
-    fork_gate_scope gate;  // fork(): liburcu's registry lock and our list, never mid-change
+    // fork(): liburcu's registry lock and our list, never mid-change.
+    fork_gate_scope gate(fork_gate::registry);
     urcu_memb_unregister_thread();
     unlink_thread_record();
   }
@@ -151,7 +153,8 @@ void register_thread_slow() noexcept {
     std::abort();
   }
   {
-    fork_gate_scope gate;  // fork(): liburcu's registry lock and our list, never mid-change
+    // fork(): liburcu's registry lock and our list, never mid-change.
+    fork_gate_scope gate(fork_gate::registry);
     urcu_memb_register_thread();
     link_thread_record();
   }
@@ -164,7 +167,12 @@ bool defer_emergency_reclaim(reclaim_engine* engine, void* object, void (*delete
                              std::size_t bytes) noexcept {
   deferred_work& work = tls_deferred;
   if (work.reclaim_count == kDeferredReclaimRoom) return false;
-  work.reclaims[work.reclaim_count++] = deferred_reclaim{engine, object, deleter, bytes};
+  work.reclaims[work.reclaim_count] = deferred_reclaim{engine, object, deleter, bytes};
+  // Signal fence (compiler order only): a fork() child adopts this thread's entries up to
+  // reclaim_count from a snapshot taken at any instruction, so the entry is written before
+  // the count that covers it. Only this thread writes either.
+  std::atomic_signal_fence(std::memory_order_release);
+  ++work.reclaim_count;
   tls_reader.has_deferred_work = true;
   return true;
 }
