@@ -64,7 +64,9 @@
 #ifndef GRACE_TESTING_ASAN
 #define GRACE_TESTING_ASAN 0
 #endif
-// GRACE_TESTING_TSAN is 1 under ThreadSanitizer alone.
+// GRACE_TESTING_TSAN is 1 under ThreadSanitizer alone: tests of what TSan cannot run, such
+// as threads started in the child of a multi-threaded fork() (GCC 12's libtsan dies there),
+// are compiled only without it, so no registered test skips itself.
 #if defined(__SANITIZE_THREAD__)
 #define GRACE_TESTING_TSAN 1
 #elif defined(__has_feature)
@@ -82,10 +84,6 @@ namespace grace::testing {
 // Iteration budgets.
 
 inline constexpr bool kSanitized = GRACE_TESTING_SANITIZED != 0;
-// True under ThreadSanitizer: for what TSan cannot run, such as threads started in the child
-// of a multi-threaded fork() (GCC 12's libtsan dies there, and checks nothing in such a
-// child anyway). Such a test skips with GTEST_SKIP() and a message that says why.
-inline constexpr bool kThreadSanitized = GRACE_TESTING_TSAN != 0;
 // Sanitized builds run this many times fewer iterations (they are 3-10x slower per operation,
 // and a 2-core CI machine must finish the asan preset in minutes).
 inline constexpr std::size_t kSanitizerDivisor = 8;
