@@ -307,6 +307,9 @@ class hash_map {
   void clear() {
     list_.drop_reservation();
     release_all(/*destroying=*/false);
+    // One update of many elements, or none (an empty map that only had a reservation):
+    // look at the load factor now, not at the next sampled update.
+    list_.consider_resize_slow();
   }
 
   // Calls f(const Key&, const Value&) for every element, in no particular order, inside one
@@ -579,9 +582,7 @@ class hash_map {
       detail::split_list& list;
       std::int64_t& erased;
       ~count_erased() {
-        if (erased == 0) return;
-        list.count(-erased);
-        list.consider_resize_slow();  // one update of many elements: look now, not at random
+        if (erased != 0) list.count(-erased);
       }
     } counting{list_, erased};
     {
