@@ -559,7 +559,7 @@ pool_options resolve_options(std::size_t object_size, pool_options options) {
     fail("pool_options.low_watermark (" + std::to_string(options.low_watermark) +
          ") must be <= high_watermark (" + std::to_string(options.high_watermark) + ")");
   }
-  if (options.gp_request_threshold == 0) options.gp_request_threshold = 16 * options.batch;
+  if (options.gp_request_threshold == 0) options.gp_request_threshold = 2 * options.batch;
   if (options.allocator.allocate == nullptr || options.allocator.deallocate == nullptr) {
     fail("pool_options.allocator must have both allocate and deallocate");
   }

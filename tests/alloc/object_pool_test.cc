@@ -218,7 +218,7 @@ TEST(ObjectPool, DefaultWatermarksFollowTheBpfAllocatorScaledByObjectSize) {
     EXPECT_EQ(pool.options().low_watermark, 32u);
     EXPECT_EQ(pool.options().high_watermark, 96u);
     EXPECT_EQ(pool.options().batch, 48u);
-    EXPECT_EQ(pool.options().gp_request_threshold, 768u);  // 0 means 16 x batch
+    EXPECT_EQ(pool.options().gp_request_threshold, 96u);  // 0 means 2 x batch
     EXPECT_EQ(&pool.reclamation_domain(), &d);
   }
   {

@@ -57,10 +57,7 @@ struct pool_options {
   // speed reference that shows what the grace period costs.
   bool reuse_after_gp = true;
   // Objects waiting for a grace period in one CPU cache above which the domain's engine is
-  // woken at once (the rcu_request_urgent_qs_task analogue). 0 means 16 x batch: at 2 x
-  // batch a pool churning millions of objects a second asked for a grace period every ~100
-  // objects (17k a second, each a membarrier() to every CPU); meanwhile allocation cuts
-  // fresh objects, so waiting longer costs a few hundred objects, not speed.
+  // woken at once (the rcu_request_urgent_qs_task analogue). 0 means 2 x batch.
   std::size_t gp_request_threshold = 0;
   // Waiting objects in one CPU cache above which the deallocating thread runs a grace period
   // itself, at its next quiescent point (domain::synchronize_when_unpinned()). On a busy
