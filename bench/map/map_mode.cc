@@ -250,26 +250,6 @@ std::uint64_t fill(Map& map, std::uint64_t n, std::uint64_t stride, unsigned thr
 
 // --- memory --------------------------------------------------------------------------------
 
-// Resident anonymous memory: statm's resident minus its shared (file-backed) pages. The
-// kernel may page out cold library text meanwhile (DAMON runs on the machines grace is
-// measured on), which total RSS would count as the map giving memory back.
-std::uint64_t anon_rss_bytes() noexcept {
-  static const long kPageBytes = sysconf(_SC_PAGESIZE);
-  // A raw read: no allocation, so sampling does not move the number it measures.
-  const int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char text[128];
-  const ssize_t length = read(fd, text, sizeof text - 1);
-  close(fd);
-  if (length <= 0) return 0;
-  text[length] = '\0';
-  unsigned long long size = 0;
-  unsigned long long resident = 0;
-  unsigned long long shared = 0;
-  if (std::sscanf(text, "%llu %llu %llu", &size, &resident, &shared) != 3) return 0;
-  return (resident - std::min(shared, resident)) * static_cast<std::uint64_t>(kPageBytes);
-}
-
 // The peak of anon_rss_bytes(), read every 10 ms by a background thread (as
 // tool/rss_sampler.h does for total RSS).
 class anon_peak_sampler {

@@ -15,6 +15,10 @@ inline constexpr double kBytesPerMib = 1024.0 * 1024.0;
 
 // The current RSS in bytes (one read of /proc/self/statm); 0 if it cannot be read.
 std::uint64_t current_rss_bytes() noexcept;
+// Resident anonymous memory: statm's resident minus its shared (file-backed) pages. The
+// kernel may page out cold library text meanwhile (DAMON runs on the machines grace is
+// measured on), which total RSS would count as memory given back.
+std::uint64_t anon_rss_bytes() noexcept;
 
 class rss_sampler {
  public:
