@@ -164,10 +164,11 @@ TEST(ObjectPoolStress, AllocationFailuresSwitchedOnAndOffUnderConcurrencyLoseNot
 
 // Two producers allocate and fill objects, two consumers check and deallocate them, for
 // ~15 s. held_bytes is sampled after 2 s (warm-up), then every second.
-// Flatness bound: no sample after warm-up exceeds 1.5 x the warm-up sample + 4 MiB, and the
+// Flatness bound: no sample after warm-up exceeds 2 x the warm-up sample + 8 MiB, and the
 // last RSS sample is at most the warm-up RSS + 32 MiB (plain builds only: ASan's quarantine
 // keeps freed memory resident). A leak at the producers' pace (~1M objects/s) would add
-// tens of MiB per second.
+// tens of MiB per second. (1.5 x + 4 MiB was crossed by momentary spikes of chunks held by
+// fragmentation on a loaded CI machine, 8.5 vs 8.4 MiB, with the end below warm-up + 1 MiB.)
 TEST(ObjectPoolStress, ProducersAndConsumersKeepMemoryFlatForFifteenSeconds) {
   constexpr std::size_t kBytes = 96;
   const auto run = 15s;
@@ -237,7 +238,7 @@ TEST(ObjectPoolStress, ProducersAndConsumersKeepMemoryFlatForFifteenSeconds) {
   // Relaxed: joined.
   EXPECT_EQ(corrupted.load(std::memory_order_relaxed), 0u);
   EXPECT_GT(moved.load(std::memory_order_relaxed), 100'000u);
-  const std::uint64_t bound = warm.held_bytes * 3 / 2 + (std::uint64_t{4} << 20);
+  const std::uint64_t bound = warm.held_bytes * 2 + (std::uint64_t{8} << 20);
   for (std::size_t i = 0; i < samples.size(); ++i) {
     EXPECT_LE(samples[i].held_bytes, bound)
         << "second " << i + 3 << ": " << describe(samples[i]) << "\nwarm-up: " << describe(warm);
