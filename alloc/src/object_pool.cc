@@ -419,10 +419,11 @@ struct pool_core {
 
   // After the hold is released: urge grace periods on for a cache with `waiting` objects.
   void drive_gp(std::uint64_t waiting) noexcept {
-    if (!pool.options_.reuse_after_gp || waiting <= gp_request_threshold) return;
-    reclamation.request_gp();
+    if (!pool.options_.reuse_after_gp) return;
     if (caller_gp_threshold != 0 && waiting > caller_gp_threshold) {
       reclamation.synchronize_when_unpinned();
+    } else if (waiting > gp_request_threshold) {
+      reclamation.request_gp();
     }
   }
 

@@ -28,6 +28,11 @@ void validate(const domain_options& options) {
     fail("drain_interval must be between 1 ms and 10 s, got " +
          std::to_string(options.drain_interval.count()) + " ms");
   }
+  if (options.requested_gp_delay < std::chrono::microseconds(0) ||
+      options.requested_gp_delay > milliseconds(10'000)) {
+    fail("requested_gp_delay must be between 0 and 10 s, got " +
+         std::to_string(options.requested_gp_delay.count()) + " us");
+  }
   if (options.soft_limit_objects == 0) fail("soft_limit_objects must be at least 1");
   if (options.soft_limit_bytes == 0) fail("soft_limit_bytes must be at least 1");
   if (options.hard_limit_objects < options.soft_limit_objects) {
@@ -195,7 +200,7 @@ void domain::synchronize() {
 
 void domain::barrier() { engine_->barrier(); }
 
-void domain::request_gp() noexcept { engine_->request_gp(); }
+void domain::request_gp() noexcept { engine_->request_gp(gp_cookie()); }
 
 void domain::synchronize_when_unpinned() noexcept {
   if (in_read_section()) {

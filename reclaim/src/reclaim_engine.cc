@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 
@@ -150,12 +151,26 @@ void reclaim_engine::request_flush() noexcept {
   }
 }
 
-void reclaim_engine::request_gp() noexcept {
-  // AcqRel: if the flag was already set, the GP thread's clearing exchange comes later in its
-  // modification order and synchronizes with this one, so the grace period it then runs
-  // takes a ticket after the caller's cookie; pairs with the AcqRel exchange in
-  // gp_thread_main(). A relaxed pre-check could see a stale true and lose the request.
-  if (!gp_requested_.exchange(true, std::memory_order_acq_rel)) wake_gp_thread();
+void reclaim_engine::request_gp(std::uint64_t cookie) noexcept {
+  std::uint64_t previous = requested_gp_.load(std::memory_order_relaxed);
+  if (previous >= cookie) return;  // a request at least this recent is on record
+  // SeqCst: the caller's cookie read happens-before a GP thread that reads this value, so
+  // the grace period it runs takes a ticket >= cookie (Release would do for that); SeqCst
+  // also orders the raise before the `completed` load below, against the GP thread's
+  // publication of `completed` and its load of this word (a Dekker pair): either it sees
+  // this request after its grace period, or we see the previous request answered and wake it.
+  while (previous < cookie &&
+         !requested_gp_.compare_exchange_weak(previous, cookie, std::memory_order_seq_cst,
+                                              std::memory_order_relaxed)) {
+  }
+  if (previous >= cookie) return;
+  // A previous request still pending means the GP thread knows, and wakes by its deadline;
+  // so does a GP thread that is awake (it looks again before it sleeps).
+  // SeqCst: the other half of the Dekker pair above, and with gp_sleeping_'s store.
+  if (previous <= owner_.gp_.completed.load(std::memory_order_seq_cst) &&
+      gp_sleeping_.load(std::memory_order_seq_cst)) {
+    wake_gp_thread();
+  }
 }
 
 void reclaim_engine::note_block_opened() noexcept {
@@ -204,19 +219,44 @@ void reclaim_engine::run_grace_period() noexcept {
   // Release below passes this on to gp_elapsed() callers, and the batch push to the worker.
   grace_period_elapsed();
   std::uint64_t seen = owner_.gp_.completed.load(std::memory_order_relaxed);
-  // Release: publishes that grace period `ticket` completed; pairs with the Acquire load in
-  // domain::gp_elapsed(). A max, so a late finisher never moves it backwards.
+  // SeqCst: publishes that grace period `ticket` completed; pairs with the Acquire load in
+  // domain::gp_elapsed() (Release would do for that), and is the store that request_gp()'s
+  // and the GP thread's SeqCst `completed` loads order against. A max, so a late finisher
+  // never moves it backwards.
   while (seen < ticket &&
-         !owner_.gp_.completed.compare_exchange_weak(seen, ticket, std::memory_order_release,
+         !owner_.gp_.completed.compare_exchange_weak(seen, ticket, std::memory_order_seq_cst,
                                                      std::memory_order_relaxed)) {
   }
   grace_periods_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool reclaim_engine::track_request(request_timer& timer,
+                                   std::chrono::steady_clock::time_point now) const noexcept {
+  // SeqCst, and `completed` first, which is load-bearing: the GP-thread half of
+  // request_gp()'s Dekker pair. Whatever completion we read precedes a later requester's
+  // `completed` load, so a requester whose raise we miss sees the request we read answered,
+  // and wakes us. A request read here has its cookie ordered before the ticket
+  // run_grace_period() then takes.
+  const std::uint64_t completed = owner_.gp_.completed.load(std::memory_order_seq_cst);
+  const std::uint64_t requested = requested_gp_.load(std::memory_order_seq_cst);
+  if (requested <= completed) {
+    timer.deadline.reset();  // answered, perhaps by a grace period run elsewhere
+    return false;
+  }
+  // A new request, or a newer one after the one the deadline was set for was answered: its
+  // delay starts now.
+  if (!timer.deadline || completed >= timer.request) {
+    timer.deadline = now + owner_.options_.requested_gp_delay;
+    timer.request = requested;
+  }
+  return true;
 }
 
 void reclaim_engine::gp_thread_main() noexcept {
   using clock = std::chrono::steady_clock;
   const auto drain_interval = owner_.options_.drain_interval;
   auto last_flush = clock::now();
+  request_timer request;
   for (;;) {
     // fork(): the safe point, holding no batch and no shard. Relaxed: a hint;
     // fork_park_point() reads it again with Acquire.
@@ -236,10 +276,9 @@ void reclaim_engine::gp_thread_main() noexcept {
       continue;
     }
     if (batch != nullptr) continue;
-    // AcqRel: pairs with request_gp(); the ticket below follows every cookie taken before a
-    // request this exchange consumed.
-    if (gp_requested_.exchange(false, std::memory_order_acq_rel)) {
+    if (track_request(request, now) && now >= *request.deadline) {
       run_grace_period();
+      request.deadline.reset();
       continue;
     }
     // Acquire: everything submitted before stop was requested is in submitted_ now.
@@ -261,19 +300,25 @@ void reclaim_engine::gp_thread_main() noexcept {
     // SeqCst: the other half of the Dekker pair above.
     const bool work_waiting = submitted_.load(std::memory_order_seq_cst) != nullptr ||
                               flush_requested_.load(std::memory_order_seq_cst) ||
-                              gp_requested_.load(std::memory_order_seq_cst) ||
                               stopping_.load(std::memory_order_seq_cst) ||
                               // SeqCst (fork): a Dekker pair with request_park_for_fork()'s
                               // store, then its bump of gp_wake_.
                               (fork_park_.load(std::memory_order_seq_cst) & 1) != 0;
     if (!work_waiting) {
+      // Wake by the drain deadline of an open block and by a pending request's deadline.
+      std::optional<clock::time_point> deadline;
       // SeqCst: see note_block_opened().
-      const bool timed = open_blocks_possible_.load(std::memory_order_seq_cst);
-      const auto until_deadline = last_flush + drain_interval - clock::now();
-      if (!timed) {
+      if (open_blocks_possible_.load(std::memory_order_seq_cst)) {
+        deadline = last_flush + drain_interval;
+      }
+      // A request made after this check sees its predecessor answered and bumps gp_wake_.
+      if (track_request(request, clock::now())) {
+        deadline = deadline ? std::min(*deadline, *request.deadline) : *request.deadline;
+      }
+      if (!deadline) {
         futex_wait(gp_wake_, seen);
-      } else if (until_deadline > clock::duration::zero()) {
-        futex_wait(gp_wake_, seen, until_deadline);
+      } else if (const auto left = *deadline - clock::now(); left > clock::duration::zero()) {
+        futex_wait(gp_wake_, seen, left);
       }
     }
     // Relaxed: only this thread reads its own flag back; wakers tolerate a stale true.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "grace/reclaim/domain.h"
@@ -28,7 +29,8 @@ class reclaim_engine {
 
   // One grace period through liburcu, with a ticket for gp_cookie()/gp_elapsed().
   void run_grace_period() noexcept;
-  void request_gp() noexcept;
+  // Asks for a grace period that ends after `cookie` was taken (see requested_gp_).
+  void request_gp(std::uint64_t cookie) noexcept;
   void request_flush() noexcept;
   // A retiring thread opened a new block: make sure the GP thread will drain it in time.
   void note_block_opened() noexcept;
@@ -75,6 +77,15 @@ class reclaim_engine {
   void reclaim_block(retire_block* block) noexcept;
   void deallocate_block(retire_block* block) noexcept;
   void wake_gp_thread() noexcept;
+  // The GP thread's view of request_gp(): when it answers the pending request itself.
+  struct request_timer {
+    std::optional<std::chrono::steady_clock::time_point> deadline;  // set while one is pending
+    std::uint64_t request = 0;  // the requested_gp_ value the deadline was set for
+  };
+  // Whether a request is pending (not yet answered by a completed grace period); starts,
+  // keeps or clears the timer.
+  bool track_request(request_timer& timer,
+                     std::chrono::steady_clock::time_point now) const noexcept;
   bool over_hard_limit() const noexcept;
   std::uint64_t pending_objects() const noexcept;
   std::uint64_t pending_bytes() const noexcept;
@@ -87,7 +98,10 @@ class reclaim_engine {
   alignas(64) std::atomic<std::uint32_t> gp_wake_{0};
   std::atomic<bool> gp_sleeping_{false};
   std::atomic<bool> flush_requested_{false};
-  std::atomic<bool> gp_requested_{false};
+  // The largest cookie passed to request_gp(): the request is pending while it is above
+  // gp_.completed. The GP thread answers a pending request requested_gp_delay after it first
+  // sees it, unless a grace period run elsewhere answers it first.
+  std::atomic<std::uint64_t> requested_gp_{0};
   std::atomic<bool> open_blocks_possible_{false};
   std::atomic<bool> stopping_{false};
 

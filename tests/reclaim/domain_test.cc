@@ -254,6 +254,8 @@ TEST(Domain, OptionsOutOfRangeThrowInvalidArgumentNamingTheOption) {
   EXPECT_TRUE(rejects({.drain_interval = -5ms}, "drain_interval"));
   EXPECT_TRUE(rejects({.drain_interval = 10001ms}, "drain_interval"));
   EXPECT_TRUE(rejects({.drain_interval = 1h}, "drain_interval"));
+  EXPECT_TRUE(rejects({.requested_gp_delay = -1us}, "requested_gp_delay"));
+  EXPECT_TRUE(rejects({.requested_gp_delay = 10001ms}, "requested_gp_delay"));
   EXPECT_TRUE(rejects({.soft_limit_objects = 1000, .hard_limit_objects = 999},
                       "hard_limit_objects"));
   EXPECT_TRUE(rejects({.soft_limit_bytes = 1 << 20, .hard_limit_bytes = (1 << 20) - 1},
@@ -271,8 +273,10 @@ TEST(Domain, OptionsAtTheEdgesOfTheirRangesAreAcceptedAndKept) {
     EXPECT_EQ(d.options().hard_limit_bytes, 100u);
   }
   {
-    grace::domain d({.drain_interval = 10s, .batching = grace::batching::per_object});
+    grace::domain d({.drain_interval = 10s, .requested_gp_delay = 0us,
+                     .batching = grace::batching::per_object});
     EXPECT_EQ(d.options().drain_interval, 10s);
+    EXPECT_EQ(d.options().requested_gp_delay, 0us);
     EXPECT_EQ(d.options().batching, grace::batching::per_object);
   }
   grace::domain defaults;
@@ -516,6 +520,45 @@ TEST(Domain, RequestGpMakesACookieElapseWithoutSynchronize) {
     d.request_gp();
   }
   EXPECT_TRUE(gt::eventually([&] { return d.gp_elapsed(cookie); }, 5s));
+}
+
+TEST(Domain, RequestGpAnsweredByAnotherThreadsGracePeriodMakesTheEngineRunNone) {
+  grace::domain d({.requested_gp_delay = 200ms});
+  const std::uint64_t before = d.stats().grace_periods;
+  const std::uint64_t cookie = d.gp_cookie();
+  d.request_gp();
+  std::thread([&] { d.synchronize(); }).join();
+  ASSERT_TRUE(d.gp_elapsed(cookie));
+  std::this_thread::sleep_for(600ms);  // three times the delay
+  EXPECT_EQ(d.stats().grace_periods, before + 1)
+      << "the engine ran a grace period for a request another thread had already answered";
+}
+
+TEST(Domain, RequestGpWaitsItsDelayForAnotherGracePeriodThenTheEngineRunsOne) {
+  grace::domain d({.requested_gp_delay = 3s});
+  const std::uint64_t before = d.stats().grace_periods;
+  const std::uint64_t cookie = d.gp_cookie();
+  d.request_gp();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(d.gp_elapsed(cookie)) << "the engine did not wait requested_gp_delay";
+  EXPECT_TRUE(gt::eventually([&] { return d.gp_elapsed(cookie); }, 20s))
+      << "no grace period answered the request after its delay";
+  EXPECT_EQ(d.stats().grace_periods, before + 1);
+}
+
+TEST(Domain, RequestsMadeWhileOneIsPendingAreAnsweredToo) {
+  grace::domain d({.requested_gp_delay = 20ms});
+  std::vector<std::uint64_t> cookies;
+  for (int i = 0; i < 50; ++i) {
+    cookies.push_back(d.gp_cookie());
+    d.request_gp();
+    if (i % 10 == 9) d.synchronize();  // answers the requests so far; later ones stay pending
+    std::this_thread::sleep_for(1ms);
+  }
+  for (std::size_t i = 0; i < cookies.size(); ++i) {
+    EXPECT_TRUE(gt::eventually([&] { return d.gp_elapsed(cookies[i]); }, 10s))
+        << "request " << i << " was never answered";
+  }
 }
 
 TEST_P(DomainBatching, PartialBatchIsReclaimedWithinTheDrainIntervalWithoutBarrier) {

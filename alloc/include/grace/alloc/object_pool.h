@@ -18,9 +18,9 @@
 // Memory: per-CPU caches keep between the low and high watermarks of ready objects; surplus
 // moves to a shared depot other CPUs draw from, or back to the system; fresh objects are cut
 // from 64 KiB chunks that return to the system once every object cut from them is released.
-// Objects waiting for a grace period are bounded by waking the domain's engine and, past
-// caller_gp_threshold, by the deallocating thread running a grace period itself at its next
-// quiescent point (never inside a read section).
+// Objects waiting for a grace period are bounded by asking the domain for a grace period
+// (domain::request_gp()) and, past caller_gp_threshold, by the deallocating thread running
+// one itself at its next quiescent point (never inside a read section).
 //
 // Destroying a pool runs its domain's barrier() once and releases every chunk. Destroying it
 // while objects are still allocated is a usage error: debug builds abort with the count;
@@ -56,8 +56,10 @@ struct pool_options {
   // false: a freed object is reused at once. UNSAFE for RCU readers: it exists only as the
   // speed reference that shows what the grace period costs.
   bool reuse_after_gp = true;
-  // Objects waiting for a grace period in one CPU cache above which the domain's engine is
-  // woken at once (the rcu_request_urgent_qs_task analogue). 0 means 2 x batch.
+  // Objects waiting for a grace period in one CPU cache above which the pool asks its domain
+  // for one (domain::request_gp(), the rcu_request_urgent_qs_task analogue: answered by the
+  // next grace period anyone runs, or by the engine after domain_options::requested_gp_delay).
+  // 0 means 2 x batch.
   std::size_t gp_request_threshold = 0;
   // Waiting objects in one CPU cache above which the deallocating thread runs a grace period
   // itself, at its next quiescent point (domain::synchronize_when_unpinned()). On a busy

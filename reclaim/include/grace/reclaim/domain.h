@@ -79,6 +79,13 @@ struct domain_options {
   // its read sections. Must be >= the soft limits.
   std::size_t hard_limit_objects = std::size_t{1} << 21;
   std::size_t hard_limit_bytes = std::size_t{256} << 20;
+  // How long the engine lets a request_gp() wait before running the grace period itself.
+  // A grace period that ends meanwhile (synchronize(), one a pool's deallocating thread runs,
+  // a batch's) answers the request, and the engine runs none. Under load, a thread that
+  // makes garbage pays for a grace period at its quiescent point with a few membarrier()
+  // calls, where the engine's thread, competing with it for a core and woken by every
+  // reader that leaves, can need dozens. Range: 0 (at once) to 10 s.
+  std::chrono::microseconds requested_gp_delay{10000};
   enum batching batching = batching::per_cpu_blocks;
   // Where retire blocks come from; failing allocations take the emergency path.
   system_allocator allocator{};
@@ -157,8 +164,12 @@ class domain {
   // cookie was taken. Neither call blocks.
   std::uint64_t gp_cookie() const noexcept;
   bool gp_elapsed(std::uint64_t cookie) const noexcept;
-  // Asks the engine to run a grace period soon, even with nothing to reclaim (for callers
-  // that poll cookies, such as grace::object_pool). Never blocks.
+  // Asks for a grace period to end soon, even with nothing to reclaim (for callers that poll
+  // cookies, such as grace::object_pool): gp_elapsed(c) becomes true for every c taken
+  // before the call, by a grace period someone else runs meanwhile, or else by one the
+  // engine runs about options().requested_gp_delay after its thread sees the request (up to
+  // twice that when the request joins an earlier one that another grace period answered,
+  // and later while the engine is busy with batches). Never blocks.
   void request_gp() noexcept;
   // Runs a grace period on the calling thread now if it holds no read_guard, otherwise when
   // its outermost guard ends. Never blocks inside a read section. For a thread whose garbage
