@@ -423,7 +423,12 @@ struct pool_core {
     if (caller_gp_threshold != 0 && waiting > caller_gp_threshold) {
       reclamation.synchronize_when_unpinned();
     } else if (waiting > gp_request_threshold) {
-      reclamation.request_gp();
+      if (caller_gp_threshold == 0) {
+        reclamation.request_gp();
+      } else if (reclamation.request_gp_claiming_overdue()) {
+        // The domain's request has waited long: answer it here, between read sections.
+        reclamation.synchronize_when_unpinned();
+      }
     }
   }
 

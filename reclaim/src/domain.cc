@@ -200,7 +200,11 @@ void domain::synchronize() {
 
 void domain::barrier() { engine_->barrier(); }
 
-void domain::request_gp() noexcept { engine_->request_gp(gp_cookie()); }
+void domain::request_gp() noexcept { engine_->request_gp(gp_cookie(), /*claim_overdue=*/false); }
+
+bool domain::request_gp_claiming_overdue() noexcept {
+  return engine_->request_gp(gp_cookie(), /*claim_overdue=*/true);
+}
 
 void domain::synchronize_when_unpinned() noexcept {
   if (in_read_section()) {

@@ -320,6 +320,8 @@ void reclaim_engine::reset_after_fork_child(std::uint32_t generation) noexcept {
   gp_sleeping_.store(false, std::memory_order_relaxed);
   worker_sleeping_.store(false, std::memory_order_relaxed);
   progress_waiters_.store(0, std::memory_order_relaxed);
+  // Only the forking thread exists, and it holds no read_guard, so it owes no deferred work.
+  deferred_users_.store(0, std::memory_order_relaxed);
   // Threads that had postponed reclaims are gone; the child adopts their lists instead and
   // runs them at once (child_after_fork), without counting them here.
   emergency_outstanding_.store(0, std::memory_order_relaxed);

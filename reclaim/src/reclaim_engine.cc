@@ -15,6 +15,12 @@
 namespace grace::detail {
 namespace {
 
+std::int64_t steady_now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // How long a back-pressure or emergency waiter sleeps between checks of its condition; the
 // worker wakes it sooner on progress.
 constexpr std::chrono::milliseconds kRecheckInterval{1};
@@ -55,6 +61,10 @@ batch_node* push_chain(std::atomic<batch_node*>& stack, batch_node* newest,
 
 reclaim_engine::reclaim_engine(domain& owner)
     : owner_(owner),
+      takeover_after_ns_(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(owner.options_.requested_gp_delay)
+              .count() /
+          4),
       fork_held_blocks_(std::make_unique<retire_block*[]>(owner.shard_mask_ + 1)) {
   if (const int error = install_fork_handlers(); error != 0) {
     throw std::system_error(error, std::generic_category(),
@@ -75,6 +85,26 @@ reclaim_engine::reclaim_engine(domain& owner)
 }
 
 reclaim_engine::~reclaim_engine() {
+  // A thread may still owe this engine a grace period or a back-pressure wait at the end of
+  // its read section (thread_registry.cc); it runs that on the engine, so wait for it.
+  // Acquire: whatever the last user's work did happens before the engine goes; pairs with
+  // the Release decrement in deferred_use_end(). The waiter bit asks the last user to wake us.
+  std::uint32_t users =
+      deferred_users_.fetch_or(kDeferredWaiter, std::memory_order_acquire) | kDeferredWaiter;
+  const auto warn_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  bool warned = false;
+  while (users != kDeferredWaiter) {
+    futex_wait(deferred_users_, users, kRecheckInterval);
+    if (!warned && std::chrono::steady_clock::now() >= warn_at) {
+      warned = true;
+      std::fprintf(stderr,
+                   "grace: a domain is being destroyed while %u thread(s) owe it a grace "
+                   "period or back-pressure wait at the end of their read section; waiting "
+                   "for those sections to end.\n",
+                   users & ~kDeferredWaiter);
+    }
+    users = deferred_users_.load(std::memory_order_acquire);  // Acquire: as above
+  }
   remove_engine_for_fork(this);  // before the threads stop: fork() no longer parks them
   // SeqCst: the GP thread checks stopping_ after its sleeping-flag store (Dekker pair).
   stopping_.store(true, std::memory_order_seq_cst);
@@ -151,9 +181,8 @@ void reclaim_engine::request_flush() noexcept {
   }
 }
 
-void reclaim_engine::request_gp(std::uint64_t cookie) noexcept {
+bool reclaim_engine::request_gp(std::uint64_t cookie, bool claim_overdue) noexcept {
   std::uint64_t previous = requested_gp_.load(std::memory_order_relaxed);
-  if (previous >= cookie) return;  // a request at least this recent is on record
   // SeqCst: the caller's cookie read happens-before a GP thread that reads this value, so
   // the grace period it runs takes a ticket >= cookie (Release would do for that); SeqCst
   // also orders the raise before the `completed` load below, against the GP thread's
@@ -163,13 +192,45 @@ void reclaim_engine::request_gp(std::uint64_t cookie) noexcept {
          !requested_gp_.compare_exchange_weak(previous, cookie, std::memory_order_seq_cst,
                                               std::memory_order_relaxed)) {
   }
-  if (previous >= cookie) return;
-  // A previous request still pending means the GP thread knows, and wakes by its deadline;
-  // so does a GP thread that is awake (it looks again before it sleeps).
-  // SeqCst: the other half of the Dekker pair above, and with gp_sleeping_'s store.
-  if (previous <= owner_.gp_.completed.load(std::memory_order_seq_cst) &&
-      gp_sleeping_.load(std::memory_order_seq_cst)) {
-    wake_gp_thread();
+  const bool raised = previous < cookie;
+  // SeqCst: the other half of the Dekker pair above.
+  if (previous <= owner_.gp_.completed.load(std::memory_order_seq_cst)) {
+    if (!raised) return false;  // cookie <= previous: already answered
+    // A new request: its clock starts now. Relaxed: a hint (a stale stamp only moves a
+    // takeover earlier or later).
+    request_since_ns_.store(steady_now_ns(), std::memory_order_relaxed);
+    // An awake GP thread looks again before it sleeps, so only a sleeping one needs waking.
+    // SeqCst: with gp_sleeping_'s store, the same Dekker pair as in submit().
+    if (gp_sleeping_.load(std::memory_order_seq_cst)) wake_gp_thread();
+    return false;
+  }
+  // An earlier request is pending, and covers ours or will be answered with it. Suggest a
+  // takeover once it has waited a quarter of the delay, unless a grace period that answers
+  // it has started, or the caller runs deleters (the worker must not stall in a wait).
+  if (!claim_overdue || takeover_after_ns_ == 0 || tls_reader.running_deleters) return false;
+  // Relaxed: a hint; a ticket taken after the raise is >= the request.
+  const std::uint64_t requested = raised ? cookie : previous;
+  if (owner_.gp_.started.load(std::memory_order_relaxed) >= requested) return false;
+  std::int64_t since = request_since_ns_.load(std::memory_order_relaxed);  // Relaxed: a hint
+  const std::int64_t now = steady_now_ns();
+  if (now - since < takeover_after_ns_) return false;
+  // One taker per quarter delay: restarting the clock claims it. Relaxed: a hint.
+  return request_since_ns_.compare_exchange_strong(since, now, std::memory_order_relaxed);
+}
+
+void reclaim_engine::deferred_use_begin() noexcept {
+  // Relaxed: the destructor reads the count only after this thread's decrement
+  // (deferred_use_end), which orders everything before it.
+  deferred_users_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void reclaim_engine::deferred_use_end() noexcept {
+  // Release: the deferred work is done before the destructor sees the count drop; pairs with
+  // its Acquire loads. The waiter bit comes back in the same step, so nothing of the engine
+  // is read after the decrement that may let the destructor free it; futex_wake_all() uses
+  // the address only as a key.
+  if (deferred_users_.fetch_sub(1, std::memory_order_release) == (kDeferredWaiter | 1)) {
+    futex_wake_all(deferred_users_);
   }
 }
 

@@ -29,8 +29,15 @@ class reclaim_engine {
 
   // One grace period through liburcu, with a ticket for gp_cookie()/gp_elapsed().
   void run_grace_period() noexcept;
-  // Asks for a grace period that ends after `cookie` was taken (see requested_gp_).
-  void request_gp(std::uint64_t cookie) noexcept;
+  // Asks for a grace period that ends after `cookie` was taken (see requested_gp_). Never
+  // blocks. With claim_overdue, true tells the caller to answer it itself: an earlier
+  // request has waited a quarter of requested_gp_delay, no grace period that answers it has
+  // started, and no other caller claimed it within that quarter.
+  bool request_gp(std::uint64_t cookie, bool claim_overdue) noexcept;
+  // A thread deferred a grace period or back-pressure wait on this engine to the end of its
+  // read section (begin), and ran it (end). The destructor waits for every such thread.
+  void deferred_use_begin() noexcept;
+  void deferred_use_end() noexcept;
   void request_flush() noexcept;
   // A retiring thread opened a new block: make sure the GP thread will drain it in time.
   void note_block_opened() noexcept;
@@ -102,6 +109,14 @@ class reclaim_engine {
   // gp_.completed. The GP thread answers a pending request requested_gp_delay after it first
   // sees it, unless a grace period run elsewhere answers it first.
   std::atomic<std::uint64_t> requested_gp_{0};
+  // When the pending request began (steady clock, ns), and how long it may wait before the
+  // next requester answers it itself (a quarter of requested_gp_delay).
+  std::atomic<std::int64_t> request_since_ns_{0};
+  const std::int64_t takeover_after_ns_;
+  // Threads owing this engine deferred work (deferred_use_begin/end), plus kDeferredWaiter
+  // once the destructor waits for them.
+  static constexpr std::uint32_t kDeferredWaiter = std::uint32_t{1} << 31;
+  std::atomic<std::uint32_t> deferred_users_{0};
   std::atomic<bool> open_blocks_possible_{false};
   std::atomic<bool> stopping_{false};
 

@@ -39,11 +39,15 @@ struct engine_set {
   reclaim_engine* engines[kDeferredDomainRoom];
   unsigned count = 0;
 
+  // Adds `engine` unless it is in the set already or the set is full; a newly added engine
+  // counts this thread among its deferred users until run_deferred_work_slow() runs it.
+  // False when full.
   bool add(reclaim_engine* engine) noexcept {
     for (unsigned i = 0; i < count; ++i) {
       if (engines[i] == engine) return true;
     }
     if (count == kDeferredDomainRoom) return false;
+    engine->deferred_use_begin();
     engines[count++] = engine;
     return true;
   }
@@ -198,7 +202,10 @@ void run_deferred_work_slow() noexcept {
   reclaim_engine* waits[kDeferredDomainRoom];
   const unsigned wait_count = work.backpressure.take(waits);
 
-  for (unsigned i = 0; i < grace_period_count; ++i) grace_periods[i]->run_grace_period();
+  for (unsigned i = 0; i < grace_period_count; ++i) {
+    grace_periods[i]->run_grace_period();
+    grace_periods[i]->deferred_use_end();  // the engine may be gone after this
+  }
   if (reclaim_count != 0) {
     // One grace period covers every postponed object: each was retired inside the read
     // section that has just ended, so after it began.
@@ -211,7 +218,10 @@ void run_deferred_work_slow() noexcept {
       reclaims[i].engine->emergency_done(reclaims[i].bytes);
     }
   }
-  for (unsigned i = 0; i < wait_count; ++i) waits[i]->backpressure_wait();
+  for (unsigned i = 0; i < wait_count; ++i) {
+    waits[i]->backpressure_wait();
+    waits[i]->deferred_use_end();  // as above
+  }
 }
 
 adopted_reclaim* forget_other_threads_after_fork_child(std::size_t& count) noexcept {

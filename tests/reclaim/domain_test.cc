@@ -546,6 +546,50 @@ TEST(Domain, RequestGpWaitsItsDelayForAnotherGracePeriodThenTheEngineRunsOne) {
   EXPECT_EQ(d.stats().grace_periods, before + 1);
 }
 
+TEST(Domain, ARequestPendingForAQuarterOfItsDelayIsOfferedToOneLaterRequester) {
+  // The engine would answer after 4 s; the offer comes after 1 s.
+  grace::domain d({.requested_gp_delay = 4s});
+  const std::uint64_t first = d.gp_cookie();
+  EXPECT_FALSE(d.request_gp_claiming_overdue()) << "a new request was offered to its requester";
+  EXPECT_FALSE(d.request_gp_claiming_overdue())
+      << "a request younger than a quarter of its delay was offered";
+  std::this_thread::sleep_for(1200ms);
+  ASSERT_FALSE(d.gp_elapsed(first)) << "answered before the delay: the offer is untestable";
+  d.request_gp();  // a plain request never claims the offer
+  EXPECT_TRUE(d.request_gp_claiming_overdue())
+      << "a request pending for a quarter of its delay was not offered";
+  EXPECT_FALSE(d.request_gp_claiming_overdue())
+      << "the same overdue request was offered twice in a quarter";
+  EXPECT_FALSE(d.gp_elapsed(first)) << "request_gp_claiming_overdue() ran a grace period";
+  d.synchronize_when_unpinned();  // what a pool does with the offer
+  EXPECT_TRUE(d.gp_elapsed(first));
+}
+
+TEST(Domain, DestroyingADomainWaitsForAThreadThatOwesItAGracePeriod) {
+  gt::watchdog dog(kNoDeadlock, "~domain() with a deferred grace period");
+  auto d = std::make_unique<grace::domain>();
+  std::atomic<bool> deferred{false};
+  std::atomic<bool> destroyed{false};
+  std::thread owner([&] {
+    {
+      auto g = grace::pin();
+      d->synchronize_when_unpinned();  // owed at the end of this read section
+      // Release: pairs with the destroyer's Acquire spin.
+      deferred.store(true, std::memory_order_release);
+      std::this_thread::sleep_for(300ms);
+      // Acquire: pairs with the destroyer's Release store.
+      EXPECT_FALSE(destroyed.load(std::memory_order_acquire))
+          << "the domain was destroyed while a thread still owed it a grace period";
+    }  // runs the grace period on the domain's engine
+  });
+  // Acquire: pairs with the owner's Release store.
+  while (!deferred.load(std::memory_order_acquire)) std::this_thread::yield();
+  d.reset();  // waits for the owner's read section to end
+  // Release: pairs with the owner's Acquire load.
+  destroyed.store(true, std::memory_order_release);
+  owner.join();
+}
+
 TEST(Domain, RequestsMadeWhileOneIsPendingAreAnsweredToo) {
   grace::domain d({.requested_gp_delay = 20ms});
   std::vector<std::uint64_t> cookies;

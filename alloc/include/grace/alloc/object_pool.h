@@ -62,9 +62,12 @@ struct pool_options {
   // 0 means 2 x batch.
   std::size_t gp_request_threshold = 0;
   // Waiting objects in one CPU cache above which the deallocating thread runs a grace period
-  // itself, at its next quiescent point (domain::synchronize_when_unpinned()). On a busy
-  // machine the engine's thread competes for a core with the threads producing garbage;
-  // the producers paying for grace periods keeps memory flat. 0 disables it.
+  // itself, at its next quiescent point (domain::synchronize_when_unpinned()); below it, the
+  // thread also does so when domain::request_gp() says the domain's request has waited long.
+  // On a busy machine the engine's thread competes for a core with the threads producing
+  // garbage; the producers paying for grace periods keeps memory flat and costs far fewer
+  // membarrier() calls. 0 disables both: allocate() and deallocate() then never run a grace
+  // period.
   std::size_t caller_gp_threshold = 4096;
   // Where chunks and magazines come from.
   system_allocator allocator{};

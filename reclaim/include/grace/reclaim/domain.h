@@ -81,10 +81,11 @@ struct domain_options {
   std::size_t hard_limit_bytes = std::size_t{256} << 20;
   // How long the engine lets a request_gp() wait before running the grace period itself.
   // A grace period that ends meanwhile (synchronize(), one a pool's deallocating thread runs,
-  // a batch's) answers the request, and the engine runs none. Under load, a thread that
-  // makes garbage pays for a grace period at its quiescent point with a few membarrier()
-  // calls, where the engine's thread, competing with it for a core and woken by every
-  // reader that leaves, can need dozens. Range: 0 (at once) to 10 s.
+  // a batch's) answers the request, and the engine runs none; after a quarter of it,
+  // request_gp_claiming_overdue() hands it to one caller. Under load, a thread that makes garbage pays for a
+  // grace period at its quiescent point with ~2 membarrier() calls, where the engine's
+  // thread, competing with it for a core and woken by every reader that leaves, can need
+  // hundreds. Range: 0 (at once) to 10 s.
   std::chrono::microseconds requested_gp_delay{10000};
   enum batching batching = batching::per_cpu_blocks;
   // Where retire blocks come from; failing allocations take the emergency path.
@@ -112,7 +113,9 @@ class domain {
   // Throws std::invalid_argument naming the option if options are out of range, and
   // std::system_error if the engine's threads cannot start.
   explicit domain(domain_options options = {});
-  // Runs barrier(), then stops the engine. Requires: no thread uses the domain any more.
+  // Runs barrier(), waits for threads that owe the domain work at the end of their read
+  // section (synchronize_when_unpinned(), back-pressure), then stops the engine. Requires:
+  // no thread uses the domain otherwise any more.
   ~domain();
 
   domain(const domain&) = delete;
@@ -171,6 +174,12 @@ class domain {
   // twice that when the request joins an earlier one that another grace period answered,
   // and later while the engine is busy with batches). Never blocks.
   void request_gp() noexcept;
+  // request_gp(), and true when the caller should answer the request itself, which it then
+  // must do with synchronize() or synchronize_when_unpinned(): an earlier request has waited
+  // a quarter of requested_gp_delay, no grace period that answers it has started, the caller
+  // runs no deleter, and no other caller claimed it within that quarter. Under load a
+  // thread that makes garbage answers far cheaper than the engine's thread. Never blocks.
+  [[nodiscard]] bool request_gp_claiming_overdue() noexcept;
   // Runs a grace period on the calling thread now if it holds no read_guard, otherwise when
   // its outermost guard ends. Never blocks inside a read section. For a thread whose garbage
   // outruns the engine's grace periods: it pays for one itself, at a quiescent point.
