@@ -6,10 +6,22 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <thread>
 
 namespace grace::detail {
+
+void untagged_check_failed(const void* address) noexcept {
+  std::fprintf(stderr,
+               "grace::hash_map: memory at %p has pointer bits 57-62 set (a tagged-pointer "
+               "allocator, or Intel LAM_U57 enabled); the map keeps bucket tags in those bits "
+               "and cannot use it.\n",
+               address);
+  std::abort();
+}
+
 namespace {
 
 unsigned log2_ceil(std::size_t n) noexcept {
@@ -121,6 +133,7 @@ list_node* split_list::allocate_level(unsigned level) noexcept {
                      ? map_huge(bytes)
                      : ::operator new(bytes, std::align_val_t{64}, std::nothrow);
   if (memory == nullptr) return nullptr;
+  check_untagged(memory);
   auto* array = static_cast<list_node*>(memory);
   for (std::size_t i = 0; i < count; ++i) new (&array[i]) list_node();
   return array;

@@ -210,8 +210,11 @@ class hash_map {
     bool inserted;
     {
       auto guard = pin_reader();
-      detail::list_node* start = list_.bucket_of(hash);
-      if (lookup_from(start, key, detail::element_so_key(hash)) != nullptr) return false;
+      unsigned size_log2;
+      detail::list_node* start = list_.bucket_of(hash, size_log2);
+      if (lookup_from(start, size_log2, key, detail::element_so_key(hash)) != nullptr) {
+        return false;
+      }
       node* fresh = make_node(hash, key, std::forward<Args>(args)...);
       inserted = discard_on_throw(fresh, [&] { return link_new(start, fresh, key); });
       if (!inserted) discard(fresh);
@@ -239,8 +242,11 @@ class hash_map {
   bool assign(const Key& key, Value value) {
     const std::uint64_t hash = hash_(key);
     auto guard = pin_reader();
-    detail::list_node* start = list_.bucket_of(hash);
-    if (lookup_from(start, key, detail::element_so_key(hash)) == nullptr) return false;
+    unsigned size_log2;
+    detail::list_node* start = list_.bucket_of(hash, size_log2);
+    if (lookup_from(start, size_log2, key, detail::element_so_key(hash)) == nullptr) {
+      return false;
+    }
     node* fresh = make_node(hash, key, std::move(value));
     return discard_on_throw(fresh, [&] {
              return upsert(start, fresh, key, /*may_insert=*/false);
@@ -381,6 +387,7 @@ class hash_map {
   node* make_node(std::uint64_t hash, const Key& key, Args&&... args) {
     void* memory = pool_.allocate();
     try {
+      detail::check_untagged(memory);
       return new (memory) node(detail::element_so_key(hash), key, std::forward<Args>(args)...);
     } catch (...) {
       pool_.deallocate(memory);
@@ -424,22 +431,29 @@ class hash_map {
   // The reader's walk (M2): skips dummies and marked nodes, never writes.
   const node* lookup(const Key& key) const {
     const std::uint64_t hash = hash_(key);
-    return lookup_from(list_.bucket_of(hash), key, detail::element_so_key(hash));
+    unsigned size_log2;
+    const detail::list_node* start = list_.bucket_of(hash, size_log2);
+    return lookup_from(start, size_log2, key, detail::element_so_key(hash));
   }
-  const node* lookup_from(const detail::list_node* start, const Key& key,
+  // `start` is the dummy of the key's bucket at size 2^size_log2.
+  const node* lookup_from(const detail::list_node* start, unsigned size_log2, const Key& key,
                           std::uint64_t so_key) const {
     // Acquire (M2): pairs with (M1).
-    const detail::list_node* cur = detail::node_of(start->next.load(std::memory_order_acquire));
+    std::uintptr_t link = start->next.load(std::memory_order_acquire);
+    // (L7): the next bucket's dummy ends the walk before it is touched.
+    if (detail::ends_bucket(link, size_log2)) return nullptr;
+    const detail::list_node* cur = detail::node_of(link);
     while (cur != nullptr) {
       const std::uint64_t cur_key = cur->so_key;
       if (cur_key > so_key) return nullptr;  // (L1): sorted
       // Acquire (M2): as above.
-      const std::uintptr_t next = cur->next.load(std::memory_order_acquire);
-      if (cur_key == so_key && !detail::is_marked(next) &&
-          equal_(static_cast<const node*>(cur)->key, key)) {
+      link = cur->next.load(std::memory_order_acquire);
+      if (cur_key == so_key && !detail::is_marked(link) &&
+          equal_(static_cast<const node*>(cur)->key, key)) [[likely]] {
         return static_cast<const node*>(cur);
       }
-      cur = detail::node_of(next);
+      if (detail::ends_bucket(link, size_log2)) return nullptr;  // (L7): as above
+      cur = detail::node_of(link);
     }
     return nullptr;
   }
@@ -508,7 +522,7 @@ class hash_map {
                                            std::memory_order_relaxed)) {
       return false;
     }
-    unlink(start, at.pred, old, fresh);
+    unlink(start, at.pred, old, detail::link_to(fresh));
     return true;
   }
 
@@ -522,18 +536,20 @@ class hash_map {
       if (old->next.compare_exchange_weak(next, next | detail::kMarked,
                                           std::memory_order_release,
                                           std::memory_order_acquire)) {
-        unlink(start, at.pred, old, detail::node_of(next));
+        unlink(start, at.pred, old, next);  // next: the unmarked link, tag included (L7)
         return true;
       }
     }
     return false;  // another update deleted or replaced it first
   }
 
+  // `successor_link`: the link old's `next` froze, unmarked; never rebuilt from the node,
+  // which another thread may have unlinked and reclaimed already.
   void unlink(detail::list_node* start, detail::list_node* pred, node* old,
-              detail::list_node* successor) noexcept {
+              std::uintptr_t successor_link) noexcept {
     std::uintptr_t expected = detail::link_to(old);
     // Release (M1): readers through pred see the successor; pairs with (M2).
-    if (pred->next.compare_exchange_strong(expected, detail::link_to(successor),
+    if (pred->next.compare_exchange_strong(expected, successor_link,
                                            std::memory_order_release,
                                            std::memory_order_relaxed)) {
       list_.reclaim(old);  // (L3)

@@ -33,6 +33,14 @@
 //   (L6) A node is reclaimed (returned to the pool, reused after a grace period) only after
 //        it was unlinked, and every operation runs inside a read section: no operation can
 //        hold a node that is reused under it, so no CAS suffers ABA.
+//   (L7) A `next` link carries, besides the mark bit, a tag that is a pure function of the
+//        successor it points to (link_to()): 0 for an element, 1 + level for the dummy of a
+//        bucket of that level. Every link value is built by link_to() or keeps the bits of
+//        one that was, so a CAS's expected value always matches. Since the successor never
+//        changes level, a link's tag is as stable as its pointer. A lookup that started from
+//        bucket b at size 2^k stops at a link tagged with a level <= k without touching the
+//        node: that dummy's bucket c < 2^k follows b in the list, so its so_key differs from
+//        b's in the top k bits and exceeds every key of b's elements (L1).
 //
 // Ordering guarantees:
 //   (M1) Release CAS of a predecessor's `next` (insert, replace, unlink) publishes the new
@@ -67,19 +75,47 @@ inline constexpr std::uintptr_t kMarked = 1;
 // Level 0 plus levels 1..48: up to 2^48 buckets.
 inline constexpr unsigned kMaxLevels = 49;
 
+// (L7): the successor's level tag lives in pointer bits 57..62, which x86-64 user-space
+// addresses never use (47 bits, or 56 with 5-level paging) unless pointer tagging is on:
+// HWASan and Intel LAM_U57 tag exactly those bits, so builds with HWASan carry no link tags,
+// and check_untagged() stops a process whose allocator returns tagged addresses. Other
+// targets (aarch64 top-byte tags, 32-bit) carry no tags: lookups read every successor.
+#if defined(__x86_64__) && defined(__LP64__) && !defined(__SANITIZE_HWADDRESS__)
+#if defined(__has_feature)
+#if __has_feature(hwaddress_sanitizer)
+#define GRACE_MAP_LINK_TAGS 0
+#endif
+#endif
+#ifndef GRACE_MAP_LINK_TAGS
+#define GRACE_MAP_LINK_TAGS 1
+#endif
+#else
+#define GRACE_MAP_LINK_TAGS 0
+#endif
+inline constexpr bool kLinkTags = GRACE_MAP_LINK_TAGS;
+inline constexpr unsigned kTagShift = 57;
+inline constexpr std::uintptr_t kTagMask =
+    kLinkTags ? static_cast<std::uintptr_t>(std::uint64_t{0x3F} << kTagShift) : 0;
+static_assert(kMaxLevels + 1 <= 0x3F, "a level tag must fit in six bits");
+
+// Nodes must not come with the tag bits set (a tagged-pointer allocator): abort, naming it.
+[[gnu::cold, gnu::noinline]] void untagged_check_failed(const void* address) noexcept;
+inline void check_untagged(const void* address) noexcept {
+  if ((reinterpret_cast<std::uintptr_t>(address) & kTagMask) != 0) [[unlikely]] {
+    untagged_check_failed(address);
+  }
+}
+
 struct list_node {
-  std::atomic<std::uintptr_t> next{0};  // successor | kMarked
+  std::atomic<std::uintptr_t> next{0};  // successor | its tag (L7) | kMarked
   std::uint64_t so_key = 0;             // (L1) split-order key
 };
 
+inline bool is_dummy(const list_node* node) noexcept { return (node->so_key & 1) == 0; }
 inline list_node* node_of(std::uintptr_t link) noexcept {
-  return reinterpret_cast<list_node*>(link & ~kMarked);
+  return reinterpret_cast<list_node*>(link & ~(kMarked | kTagMask));
 }
 inline bool is_marked(std::uintptr_t link) noexcept { return (link & kMarked) != 0; }
-inline std::uintptr_t link_to(const list_node* node) noexcept {
-  return reinterpret_cast<std::uintptr_t>(node);
-}
-inline bool is_dummy(const list_node* node) noexcept { return (node->so_key & 1) == 0; }
 
 inline std::uint64_t reverse_bits(std::uint64_t x) noexcept {
   x = ((x >> 1) & 0x5555555555555555ull) | ((x & 0x5555555555555555ull) << 1);
@@ -91,6 +127,25 @@ inline std::uint64_t element_so_key(std::uint64_t hash) noexcept {
   return reverse_bits(hash | (std::uint64_t{1} << 63));
 }
 inline std::uint64_t dummy_so_key(std::uint64_t bucket) noexcept { return reverse_bits(bucket); }
+
+// (L7): the link to `node` with its tag. Reads node->so_key, which never changes while the
+// node is reachable.
+inline std::uintptr_t link_to(const list_node* node) noexcept {
+  const auto address = reinterpret_cast<std::uintptr_t>(node);
+  if (!kLinkTags || node == nullptr || !is_dummy(node)) return address;
+  // A dummy's so_key is its bucket reversed (dummy_so_key); its level is the bucket's width.
+  const auto level = static_cast<std::uintptr_t>(std::bit_width(reverse_bits(node->so_key)));
+  return address | ((level + 1) << kTagShift);
+}
+// (L7): whether `link` points to the dummy of a bucket below 2^size_log2, which ends the
+// elements of any such bucket that precede it in the list.
+inline bool ends_bucket(std::uintptr_t link, unsigned size_log2) noexcept {
+  if constexpr (!kLinkTags) return false;
+  // Bit 63 of a user-space link is 0, so the shift leaves the tag alone; unsigned wrap turns
+  // tag 0 (an element) into a huge value: tag - 1 < size_log2 + 1 <=> 1 <= tag <= size_log2 + 1.
+  const auto tag = static_cast<unsigned>(static_cast<std::uint64_t>(link) >> kTagShift);
+  return tag - 1u < size_log2 + 1u;
+}
 
 // Type erasure for the out-of-line paths (abseil's PolicyFunctions): how to reclaim an
 // element this core unlinked while helping.
@@ -119,8 +174,13 @@ class split_list {
 
   // The dummy of the bucket that `hash` falls in at the current size.
   list_node* bucket_of(std::uint64_t hash) const noexcept {
+    unsigned size_log2;
+    return bucket_of(hash, size_log2);
+  }
+  // The same, and the size (log2) it was taken at, for ends_bucket() (L7).
+  list_node* bucket_of(std::uint64_t hash, unsigned& size_log2) const noexcept {
     // Acquire (M4): the dummies of every bucket below the size are linked; pairs with (M3).
-    const unsigned size_log2 = size_log2_.load(std::memory_order_acquire);
+    size_log2 = size_log2_.load(std::memory_order_acquire);
     const std::uint64_t bucket = hash & ((std::uint64_t{1} << size_log2) - 1);
     return dummy(bucket);
   }
