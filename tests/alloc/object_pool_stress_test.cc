@@ -68,13 +68,7 @@ TEST(ObjectPoolStress, ManyThreadsNeverReuseBeforeAGracePeriodUnderMixedLoad) {
         ga::churn(pool, oracle,
                   {.threads = 6, .operations = stress_iterations(500'000),
                    .guards = ga::guards::odd_threads, .max_held = 2000});
-    EXPECT_TRUE(oracle.clean());
-    EXPECT_EQ(totals.corrupted, 0u);
-    EXPECT_EQ(totals.allocated, totals.deallocated);
-    const grace::pool_stats s = pool.stats();
-    EXPECT_EQ(s.allocated, totals.allocated) << describe(s);
-    EXPECT_EQ(s.deallocated, totals.deallocated) << describe(s);
-    EXPECT_GT(oracle.reuses(), totals.allocated / 4) << describe(s);
+    EXPECT_TRUE(ga::churn_accounted(pool, oracle, totals));
   }
 }
 
@@ -184,39 +178,12 @@ TEST(ObjectPoolStress, ProducersAndConsumersKeepMemoryFlatForFifteenSeconds) {
   std::vector<grace::pool_stats> samples;
   gt::run_threads(5, [&](unsigned index) {
     if (index < 2) {  // producers
-      ga::spsc_ring<4096>& queue = queues[index];
-      unsigned char value = static_cast<unsigned char>(index * 100);
-      // Acquire: pairs with the Release store of `stop` by the sampler.
-      while (!stop.load(std::memory_order_acquire)) {
-        void* p = pool.allocate();
-        ga::fill_object(p, kBytes, ++value);
-        while (!queue.push(p)) {
-          // Acquire: as above.
-          if (stop.load(std::memory_order_acquire)) {
-            pool.deallocate(p);
-            return;
-          }
-          std::this_thread::yield();
-        }
-      }
+      ga::produce_until(stop, pool, queues[index], static_cast<unsigned char>(index * 100));
     } else if (index < 4) {  // consumers
-      ga::spsc_ring<4096>& queue = queues[index - 2];
-      std::uint64_t n = 0;
-      std::uint64_t bad = 0;
-      void* p = nullptr;
-      // Acquire: pairs with the Release store of `stop` by the sampler.
-      while (!stop.load(std::memory_order_acquire)) {
-        if (!queue.pop(p)) {
-          std::this_thread::yield();
-          continue;
-        }
-        bad += !ga::object_intact(p, kBytes);
-        pool.deallocate(p);
-        ++n;
-      }
+      const ga::consumed c = ga::consume_until(stop, pool, queues[index - 2]);
       // Relaxed (both): tallies, read after the join.
-      corrupted.fetch_add(bad, std::memory_order_relaxed);
-      moved.fetch_add(n, std::memory_order_relaxed);
+      corrupted.fetch_add(c.corrupted, std::memory_order_relaxed);
+      moved.fetch_add(c.objects, std::memory_order_relaxed);
     } else {  // sampler
       std::this_thread::sleep_for(2s);
       warm = pool.stats();
@@ -227,14 +194,12 @@ TEST(ObjectPoolStress, ProducersAndConsumersKeepMemoryFlatForFifteenSeconds) {
         samples.push_back(pool.stats());
       }
       rss_end = gt::current_rss_bytes();
-      // Release: ends the producers' and consumers' loops; pairs with their Acquire loads.
+      // Release: ends the producers' and consumers' loops; pairs with the Acquire loads in
+      // produce_until() and consume_until().
       stop.store(true, std::memory_order_release);
     }
   });
-  void* p = nullptr;
-  for (auto& queue : queues) {
-    while (queue.pop(p)) pool.deallocate(p);
-  }
+  for (auto& queue : queues) ga::deallocate_rest(pool, queue);
   // Relaxed: joined.
   EXPECT_EQ(corrupted.load(std::memory_order_relaxed), 0u);
   EXPECT_GT(moved.load(std::memory_order_relaxed), 100'000u);

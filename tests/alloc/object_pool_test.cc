@@ -634,13 +634,7 @@ TEST(ObjectPool, EightThreadsOnTwoCoresNeverReuseBeforeAGracePeriod) {
       ga::churn(pool, oracle,
                 {.threads = 8, .operations = gt::iterations(200'000),
                  .guards = ga::guards::odd_threads, .max_held = 400});
-  EXPECT_TRUE(oracle.clean());
-  EXPECT_EQ(totals.corrupted, 0u);
-  EXPECT_EQ(totals.allocated, totals.deallocated);
-  const grace::pool_stats s = pool.stats();
-  EXPECT_EQ(s.allocated, totals.allocated) << describe(s);
-  EXPECT_EQ(s.deallocated, totals.deallocated) << describe(s);
-  EXPECT_GT(oracle.reuses(), totals.allocated / 4) << describe(s);
+  EXPECT_TRUE(ga::churn_accounted(pool, oracle, totals));
 }
 
 // Fresh objects are cut from chunks one chunk at a time per cache, so the chunks a pool ever
@@ -1162,37 +1156,12 @@ TEST(ObjectPool, MemoryStaysFlatWhenOneThreadAllocatesAndAnotherDeallocates) {
   std::size_t rss_at_end = 0;
   gt::run_threads(3, [&](unsigned index) {
     if (index == 0) {  // producer
-      unsigned char value = 0;
-      // Acquire: pairs with the Release store of `stop` by the sampler.
-      while (!stop.load(std::memory_order_acquire)) {
-        void* p = pool.allocate();
-        ga::fill_object(p, kBytes, ++value);
-        while (!queue.push(p)) {
-          // Acquire: as above.
-          if (stop.load(std::memory_order_acquire)) {
-            pool.deallocate(p);
-            return;
-          }
-          std::this_thread::yield();
-        }
-      }
+      ga::produce_until(stop, pool, queue, 0);
     } else if (index == 1) {  // consumer
-      std::uint64_t n = 0;
-      std::uint64_t bad = 0;
-      void* p = nullptr;
-      // Acquire: pairs with the Release store of `stop` by the sampler.
-      while (!stop.load(std::memory_order_acquire)) {
-        if (!queue.pop(p)) {
-          std::this_thread::yield();
-          continue;
-        }
-        bad += !ga::object_intact(p, kBytes);
-        pool.deallocate(p);
-        ++n;
-      }
+      const ga::consumed c = ga::consume_until(stop, pool, queue);
       // Relaxed (both): tallies, read after the join.
-      corrupted.fetch_add(bad, std::memory_order_relaxed);
-      moved.fetch_add(n, std::memory_order_relaxed);
+      corrupted.fetch_add(c.corrupted, std::memory_order_relaxed);
+      moved.fetch_add(c.objects, std::memory_order_relaxed);
     } else {  // sampler
       std::this_thread::sleep_for(1s);
       after_warmup = pool.stats();
@@ -1200,12 +1169,12 @@ TEST(ObjectPool, MemoryStaysFlatWhenOneThreadAllocatesAndAnotherDeallocates) {
       std::this_thread::sleep_for(run - 1s);
       at_end = pool.stats();
       rss_at_end = gt::current_rss_bytes();
-      // Release: ends the producer's and consumer's loops; pairs with their Acquire loads.
+      // Release: ends the producer's and consumer's loops; pairs with the Acquire loads in
+      // produce_until() and consume_until().
       stop.store(true, std::memory_order_release);
     }
   });
-  void* p = nullptr;
-  while (queue.pop(p)) pool.deallocate(p);
+  ga::deallocate_rest(pool, queue);
   // Relaxed: joined.
   EXPECT_EQ(corrupted.load(std::memory_order_relaxed), 0u);
   EXPECT_GT(moved.load(std::memory_order_relaxed), 10'000u) << "the run moved almost nothing";

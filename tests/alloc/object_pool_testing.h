@@ -13,8 +13,9 @@
 //     elapsed since the test deallocated it, or hands out an object still allocated.
 //   - churn(): threads that allocate, write, check and deallocate objects (singly, in bulk,
 //     handed to another thread, inside read guards or not) with every call checked by a
-//     reuse_oracle.
-//   - spsc_ring: a bounded single-producer single-consumer queue of object pointers.
+//     reuse_oracle; churn_accounted(): what a churn() run must leave behind.
+//   - spsc_ring: a bounded single-producer single-consumer queue of object pointers, and
+//     produce_until() / consume_until(): the two ends of one, run until a stop flag is set.
 //   - pin_to_current_cpu: keeps the calling thread on one CPU, so a single-threaded test
 //     always meets the same per-CPU cache.
 //   - fill_object / object_intact: every byte of an object set to one value, and checked.
@@ -33,6 +34,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -341,6 +343,37 @@ inline churn_totals churn(grace::object_pool& pool, reuse_oracle& oracle,
   return totals;
 }
 
+// Success iff a churn() run that returned `totals` left everything accounted for: `oracle`
+// saw no early or double reuse, no object was corrupted, every object allocated was
+// deallocated, the pool counted the same allocations and deallocations, and more than a
+// quarter of the allocations were reuses. A failure names every check that failed.
+inline ::testing::AssertionResult churn_accounted(const grace::object_pool& pool,
+                                                  const reuse_oracle& oracle,
+                                                  const churn_totals& totals) {
+  std::string failures;
+  auto check = [&failures](bool holds, const std::string& what) {
+    if (!holds) failures += "\n  " + what;
+  };
+  const ::testing::AssertionResult clean = oracle.clean();
+  check(static_cast<bool>(clean), clean.message());
+  check(totals.corrupted == 0, std::to_string(totals.corrupted) + " objects corrupted");
+  check(totals.allocated == totals.deallocated,
+        "allocated " + std::to_string(totals.allocated) + " objects, deallocated " +
+            std::to_string(totals.deallocated));
+  const grace::pool_stats s = pool.stats();
+  check(s.allocated == totals.allocated,
+        "the pool counted " + std::to_string(s.allocated) + " allocations, the test " +
+            std::to_string(totals.allocated));
+  check(s.deallocated == totals.deallocated,
+        "the pool counted " + std::to_string(s.deallocated) + " deallocations, the test " +
+            std::to_string(totals.deallocated));
+  check(oracle.reuses() > totals.allocated / 4,
+        "only " + std::to_string(oracle.reuses()) + " of " + std::to_string(totals.allocated) +
+            " allocations were reuses (a quarter or fewer)");
+  if (failures.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << failures << "\n  stats: " << describe(s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // A bounded single-producer single-consumer queue of pointers.
 template <std::size_t Capacity>
@@ -373,6 +406,61 @@ class spsc_ring {
   alignas(64) std::atomic<std::size_t> head_{0};
   alignas(64) std::atomic<std::size_t> tail_{0};
 };
+
+// A producer thread's loop: allocates objects, fills each with the next byte value after
+// `value`, and pushes it into `queue`, until `stop` is set. An object that the full queue
+// has not taken by then goes back to the pool.
+template <std::size_t Capacity>
+void produce_until(const std::atomic<bool>& stop, grace::object_pool& pool,
+                   spsc_ring<Capacity>& queue, unsigned char value) {
+  const std::size_t bytes = pool.object_size();
+  // Acquire: pairs with the Release store of `stop` by the thread that ends the run.
+  while (!stop.load(std::memory_order_acquire)) {
+    void* p = pool.allocate();
+    fill_object(p, bytes, ++value);
+    while (!queue.push(p)) {
+      // Acquire: as above.
+      if (stop.load(std::memory_order_acquire)) {
+        pool.deallocate(p);
+        return;
+      }
+      std::this_thread::yield();
+    }
+  }
+}
+
+struct consumed {
+  std::uint64_t objects = 0;    // popped and deallocated
+  std::uint64_t corrupted = 0;  // of those, objects whose bytes changed after they were filled
+};
+
+// A consumer thread's loop: pops objects from `queue`, checks that each is intact, and
+// deallocates it, until `stop` is set.
+template <std::size_t Capacity>
+consumed consume_until(const std::atomic<bool>& stop, grace::object_pool& pool,
+                       spsc_ring<Capacity>& queue) {
+  const std::size_t bytes = pool.object_size();
+  consumed totals;
+  void* p = nullptr;
+  // Acquire: pairs with the Release store of `stop` by the thread that ends the run.
+  while (!stop.load(std::memory_order_acquire)) {
+    if (!queue.pop(p)) {
+      std::this_thread::yield();
+      continue;
+    }
+    totals.corrupted += !object_intact(p, bytes);
+    pool.deallocate(p);
+    ++totals.objects;
+  }
+  return totals;
+}
+
+// After the producer and consumer were joined: deallocates what is left in `queue`.
+template <std::size_t Capacity>
+void deallocate_rest(grace::object_pool& pool, spsc_ring<Capacity>& queue) {
+  void* p = nullptr;
+  while (queue.pop(p)) pool.deallocate(p);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Keeps the calling thread on the CPU it runs on now, for the object's lifetime. The pool's

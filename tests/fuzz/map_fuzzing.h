@@ -1,6 +1,7 @@
-// Shared by the grace::hash_map fuzz targets (test-only): reading the input, the maps under
-// test (a hash with selectable collision patterns, options that make the table resize all
-// the time), keys and values that carry their own identity, and failing loudly.
+// Shared by the grace::hash_map fuzz targets (test-only): reading the input and its header,
+// the maps under test (a hash with selectable collision patterns, options that make the
+// table resize all the time), keys and values that carry their own identity, a read section
+// held across operations, and failing loudly.
 //
 // Both targets start with the same two header bytes:
 //   byte 0: bits 0-2 the hash (hash_mode), bit 3 std::string keys and values instead of
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -204,5 +206,55 @@ inline hash_map_options decode_options(std::uint8_t bits) {
   }
   return options;
 }
+
+// The two header bytes every input starts with.
+struct input_header {
+  hash_mode hash;
+  hash_map_options options;
+  bool strings;              // byte 0 bit 3: std::string keys and values
+  std::uint8_t target_bits;  // byte 0 bits 4-7, the target's own (as bits 0-3 here)
+};
+inline input_header read_header(byte_reader& in) {
+  const std::uint8_t variant = in.next();
+  input_header header;
+  header.options = decode_options(in.next());
+  header.hash = decode_hash_mode(variant);
+  header.strings = (variant & 8) != 0;
+  header.target_bits = variant >> 4;
+  return header;
+}
+
+// A read section held across later operations (the targets' pin operation), and the element
+// it read. Whatever happens to the element meanwhile (erased, replaced, the table resized,
+// the map cleared), the pinned pointer still reads the value it read (reclamation waits):
+// unchanged() checks that.
+template <class Map>
+struct held_pin {
+  using value_type = typename Map::mapped_type;
+
+  // Pins `map` during operation `op` and finds `key`; `code_of(element)` checks a present
+  // element and returns its value code. The pin lasts this operation and `arg` + 1 more.
+  template <class Key, class CodeOf>
+  held_pin(const Map& map, const Key& key, std::size_t op, unsigned arg, CodeOf code_of)
+      // pinned_view can be neither copied nor moved: build it in place from the prvalue.
+      : view(new typename Map::pinned_view(map.pin())),
+        element(view->find(key)),
+        code(element != nullptr ? code_of(*element) : 0),
+        pinned_at(op),
+        ops_left(arg + 2) {}
+
+  // True if the element (if the key was present) still reads `code`.
+  bool unchanged() const {
+    if (element == nullptr) return true;
+    const std::optional<std::uint64_t> now = value_codec<value_type>::read(*element);
+    return now.has_value() && *now == code;
+  }
+
+  std::unique_ptr<typename Map::pinned_view> view;
+  const value_type* element;  // nullptr: the key was absent
+  std::uint64_t code;         // the element's value code; 0 if absent
+  std::size_t pinned_at;      // the operation that pinned
+  std::size_t ops_left;       // operations until the pin is released, this one included
+};
 
 }  // namespace grace::fuzzing

@@ -14,7 +14,6 @@
 // Replay a crash: build/fuzz/tests/fuzz/map_model_fuzzer crash-<sha1>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -80,16 +79,6 @@ class model_run {
   }
 
  private:
-  // A read section held across operations (op::pin), and what it read.
-  struct held_pin {
-    std::unique_ptr<typename map_type::pinned_view> view;
-    std::size_t index;
-    const Value* element;  // nullptr: the key was absent
-    std::uint64_t code;
-    std::size_t pinned_at;  // the op that pinned
-    std::size_t ops_left;
-  };
-
   std::uint64_t fresh_code(std::size_t index) { return gf::value_code(index, 0, ++serial_); }
 
   // The value must be exactly the model's.
@@ -260,31 +249,17 @@ class model_run {
       check_present("pin().contains", index, view.contains(key));
       return;
     }
-    held_pin h;
-    // pinned_view can be neither copied nor moved: build it in place from the prvalue.
-    h.view.reset(new typename map_type::pinned_view(map_.pin()));
-    h.index = index;
-    h.element = h.view->find(key);
-    check_present("pin().find", index, h.element != nullptr);
-    h.code = 0;
-    if (h.element != nullptr) {
-      check_value("pin().find", index, *h.element);
-      h.code = *values::read(*h.element);
-    }
-    h.pinned_at = op_;
-    h.ops_left = arg + 2;  // this operation and arg + 1 more
-    held_ = std::move(h);
+    held_.emplace(map_, key, op_, arg, [&](const Value& v) {
+      check_value("pin().find", index, v);
+      return *values::read(v);
+    });
+    check_present("pin().find", index, held_->element != nullptr);
   }
 
-  // Whatever happened to the element meanwhile (erased, replaced, the table resized, the
-  // map cleared), the pinned pointer still reads the value it read (reclamation waits).
   void release_pin() {
-    if (held_->element != nullptr) {
-      const std::optional<std::uint64_t> code = values::read(*held_->element);
-      GRACE_FUZZ_CHECK(code.has_value() && *code == held_->code,
-                       "op %zu: an element pinned since op %zu changed under its read section",
-                       op_, held_->pinned_at);
-    }
+    GRACE_FUZZ_CHECK(held_->unchanged(),
+                     "op %zu: an element pinned since op %zu changed under its read section",
+                     op_, held_->pinned_at);
     held_.reset();
   }
 
@@ -336,7 +311,7 @@ class model_run {
   grace::hash_map_options options_;
   map_type map_;
   std::unordered_map<std::size_t, std::uint64_t> model_;  // key index -> value code
-  std::optional<held_pin> held_;
+  std::optional<gf::held_pin<map_type>> held_;  // op::pin
   std::uint64_t serial_ = 0;
   std::size_t op_ = 0;
   std::uint64_t buckets_before_ = 0;  // the table's size before the current update
@@ -353,13 +328,11 @@ void run(gf::hash_mode hash, const grace::hash_map_options& options, gf::byte_re
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   gf::byte_reader in(data, size);
-  const std::uint8_t variant = in.next();
-  const grace::hash_map_options options = gf::decode_options(in.next());
-  const gf::hash_mode hash = gf::decode_hash_mode(variant);
-  if ((variant & 8) != 0) {
-    run<std::string, std::string>(hash, options, in);
+  const gf::input_header header = gf::read_header(in);
+  if (header.strings) {
+    run<std::string, std::string>(header.hash, header.options, in);
   } else {
-    run<std::uint64_t, std::uint64_t>(hash, options, in);
+    run<std::uint64_t, std::uint64_t>(header.hash, header.options, in);
   }
   return 0;
 }

@@ -129,14 +129,6 @@ class worker {
   bool erased_shared(std::size_t j) const { return erased_shared_[j]; }
 
  private:
-  struct held_pin {
-    std::unique_ptr<typename map_type::pinned_view> view;
-    const Value* element;  // nullptr: absent
-    std::uint64_t code;
-    std::size_t pinned_at;
-    std::size_t ops_left;
-  };
-
   static void spin(unsigned delay) {
     if (delay == 0) return;
     if (delay == 7) {
@@ -516,24 +508,14 @@ class worker {
       view.contains(key);
       return;
     }
-    held_pin h;
-    // pinned_view can be neither copied nor moved: build it in place from the prvalue.
-    h.view.reset(new typename map_type::pinned_view(map_.pin()));
-    h.element = h.view->find(key);
-    h.code = h.element != nullptr ? observe("pin().find", index, *h.element) : 0;
-    h.pinned_at = op_;
-    h.ops_left = arg + 2;  // this operation and arg + 1 more
-    held_ = std::move(h);
+    held_.emplace(map_, key, op_, arg,
+                  [&](const Value& v) { return observe("pin().find", index, v); });
   }
-  // The pinned element still reads the same, whatever the map went through meanwhile.
   void release_pin() {
-    if (held_->element != nullptr) {
-      const std::optional<std::uint64_t> code = values::read(*held_->element);
-      GRACE_FUZZ_CHECK(code && *code == held_->code,
-                       "thread %u op %zu: an element pinned since op %zu changed under its "
-                       "read section",
-                       id_, op_, held_->pinned_at);
-    }
+    GRACE_FUZZ_CHECK(held_->unchanged(),
+                     "thread %u op %zu: an element pinned since op %zu changed under its read "
+                     "section",
+                     id_, op_, held_->pinned_at);
     held_.reset();
   }
 
@@ -591,7 +573,7 @@ class worker {
   std::optional<std::uint64_t> last_shared_write_[kShared];
   bool erased_shared_[kShared] = {};
   std::uint64_t seen_[kKeys][kMaxThreads] = {};  // highest serial read per (key, writer)
-  std::optional<held_pin> held_;
+  std::optional<gf::held_pin<map_type>> held_;  // op::pin
 };
 
 template <class Key, class Value>
@@ -679,14 +661,12 @@ void run(gf::hash_mode hash, const grace::hash_map_options& options, unsigned th
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   gf::byte_reader in(data, size);
-  const std::uint8_t variant = in.next();
-  const grace::hash_map_options options = gf::decode_options(in.next());
-  const gf::hash_mode hash = gf::decode_hash_mode(variant);
-  const unsigned threads = (variant & 0x10) != 0 ? 3 : 2;
-  if ((variant & 8) != 0) {
-    run<std::string, std::string>(hash, options, threads, in);
+  const gf::input_header header = gf::read_header(in);
+  const unsigned threads = (header.target_bits & 1) != 0 ? 3 : 2;  // byte 0 bit 4
+  if (header.strings) {
+    run<std::string, std::string>(header.hash, header.options, threads, in);
   } else {
-    run<std::uint64_t, std::uint64_t>(hash, options, threads, in);
+    run<std::uint64_t, std::uint64_t>(header.hash, header.options, threads, in);
   }
   return 0;
 }

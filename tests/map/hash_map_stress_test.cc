@@ -5,10 +5,10 @@
 // values, clear() racing with writers, and teardown of millions of elements.
 //
 // Harness conventions:
-//   - Values are checked_value: 64 bytes carrying the key, ~key, a version and a checksum of
-//     (key, version). A reader that sees a torn value, another key's value (a recycled
-//     element) or a destroyed one (poisoned_value overwrites itself in its destructor) fails
-//     valid_for(key).
+//   - Values are checked_value (map_testing.h): 64 bytes carrying the key, ~key, a version
+//     and a checksum of (key, version). A reader that sees a torn value, another key's value
+//     (a recycled element) or a destroyed one (poisoned_value overwrites itself in its
+//     destructor) fails valid_for(key).
 //   - Threads start together (grace::testing::run_threads); writers do a fixed amount of work
 //     sized by grace::testing::iterations() (smaller under sanitizers); readers run until
 //     every writer is done.
@@ -37,11 +37,15 @@
 #include "grace/map/hash_map.h"
 #include "grace/reclaim/domain.h"
 #include "grace/reclaim/read_guard.h"
+#include "tests/map/map_testing.h"
 #include "tests/testing/testing.h"
 
 namespace {
 
 namespace gt = grace::testing;
+namespace gm = grace::testing::map;
+using gm::checked_value;
+using gm::mod7_hash;
 using namespace std::chrono_literals;
 
 constexpr auto kNoDeadlock = 150s;  // watchdog budget for one test's threads
@@ -49,42 +53,8 @@ constexpr auto kNoDeadlock = 150s;  // watchdog budget for one test's threads
 // ---------------------------------------------------------------------------------------------
 // Values that detect torn, recycled and destroyed reads.
 
-struct checked_value {
-  std::uint64_t key = 0;
-  std::uint64_t not_key = 0;
-  std::uint64_t version = 0;
-  std::uint64_t check[5] = {};
-
-  static std::uint64_t mix(std::uint64_t x) noexcept {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-  }
-  static checked_value make(std::uint64_t key, std::uint64_t version) noexcept {
-    checked_value v;
-    v.key = key;
-    v.not_key = ~key;
-    v.version = version;
-    for (std::uint64_t i = 0; i < 5; ++i) v.check[i] = mix(key * 8 + i) ^ version;
-    return v;
-  }
-  bool valid_for(std::uint64_t expected_key) const noexcept {
-    if (key != expected_key || not_key != ~expected_key) return false;
-    for (std::uint64_t i = 0; i < 5; ++i) {
-      if (check[i] != (mix(expected_key * 8 + i) ^ version)) return false;
-    }
-    return true;
-  }
-  checked_value next() const noexcept { return make(key, version + 1); }
-};
-static_assert(sizeof(checked_value) == 64);
-static_assert(std::is_trivially_destructible_v<checked_value>);
-
-// The same, non-trivially destructible: elements go through retire(), and the destructor
-// overwrites the value so that a reader still holding it fails valid_for().
+// checked_value, non-trivially destructible: elements go through retire(), and the
+// destructor overwrites the value so that a reader still holding it fails valid_for().
 struct poisoned_value : checked_value {
   poisoned_value() = default;
   poisoned_value(const checked_value& v) noexcept : checked_value(v) {}  // NOLINT: implicit
@@ -103,11 +73,6 @@ struct poisoned_value : checked_value {
   poisoned_value next() const noexcept { return checked_value::next(); }
 };
 static_assert(sizeof(poisoned_value) == 64);
-
-// Every key in seven buckets: long chains of equal hashes.
-struct mod7_hash {
-  std::size_t operator()(std::uint64_t key) const noexcept { return key % 7; }
-};
 
 // The concurrency budget. testing::iterations() divides by 8 under sanitizers; the asan preset
 // builds with -O2 and runs these loops several times faster than the -O0 debug preset, so an

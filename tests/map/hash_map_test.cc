@@ -46,21 +46,22 @@
 
 #include "grace/reclaim/domain.h"
 #include "grace/reclaim/read_guard.h"
+#include "tests/map/map_testing.h"
 #include "tests/testing/testing.h"
 
 namespace {
 
 namespace gt = grace::testing;
+namespace gm = grace::testing::map;
+using gm::checked_value;
+using gm::mod7_hash;
 using namespace std::chrono_literals;
 
 constexpr auto kNoDeadlock = 60s;  // watchdog budget for scopes that must finish
 
 using u64_map = grace::hash_map<std::uint64_t, std::uint64_t>;
 
-// Every key in the same handful of buckets: long chains of equal hashes.
-struct mod7_hash {
-  std::size_t operator()(std::uint64_t key) const noexcept { return key % 7; }
-};
+// Every key in one bucket: one long chain of equal hashes.
 struct constant_hash {
   std::size_t operator()(std::uint64_t) const noexcept { return 42; }
 };
@@ -224,40 +225,6 @@ class counted_build {
   build_counts* counts_;
   int value_;
 };
-
-// A 64-byte value that carries its key and a checksum: a torn or recycled value fails valid().
-struct checked_value {
-  std::uint64_t key = 0;
-  std::uint64_t not_key = 0;
-  std::uint64_t version = 0;
-  std::uint64_t check[5] = {};
-
-  static std::uint64_t mix(std::uint64_t x) noexcept {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-  }
-  static checked_value make(std::uint64_t key, std::uint64_t version) noexcept {
-    checked_value v;
-    v.key = key;
-    v.not_key = ~key;
-    v.version = version;
-    for (std::uint64_t i = 0; i < 5; ++i) v.check[i] = mix(key * 8 + i) ^ version;
-    return v;
-  }
-  bool valid_for(std::uint64_t expected_key) const noexcept {
-    if (key != expected_key || not_key != ~expected_key) return false;
-    for (std::uint64_t i = 0; i < 5; ++i) {
-      if (check[i] != (mix(expected_key * 8 + i) ^ version)) return false;
-    }
-    return true;
-  }
-  friend bool operator==(const checked_value&, const checked_value&) = default;
-};
-static_assert(sizeof(checked_value) == 64);
 
 // Success iff constructing a map with `options` throws std::invalid_argument whose message
 // names `option`.
@@ -933,7 +900,7 @@ struct collision_model {
   static value_type value(std::size_t i, std::uint64_t salt) {
     return checked_value::make(i, salt);
   }
-  static value_type bump(const value_type& v) { return checked_value::make(v.key, v.version + 1); }
+  static value_type bump(const value_type& v) { return v.next(); }
 };
 
 // Heap-allocated keys and values.
