@@ -52,16 +52,17 @@ using namespace std::chrono_literals;
 constexpr auto kNoDeadlock = 60s;         // watchdog budget for the parent's fork and wait
 constexpr std::size_t kCapacity = grace::detail::kRetireBlockCapacity;
 
+// The two helpers below serve only tests compiled without TSan (hence [[maybe_unused]]).
 
 // In the child: reports a failed check and returns its exit code (or 0 if it passed).
-int check(const ::testing::AssertionResult& result, int code, const char* what) {
+[[maybe_unused]] int check(const ::testing::AssertionResult& result, int code, const char* what) {
   if (result) return 0;
   std::fprintf(stderr, "child: %s: %s\n", what, result.message());
   return code;
 }
 
-void retire_range(grace::domain& d, gt::instance_tracker& tracker, std::size_t first,
-                  std::size_t last) {
+[[maybe_unused]] void retire_range(grace::domain& d, gt::instance_tracker& tracker,
+                                   std::size_t first, std::size_t last) {
   for (std::size_t id = first; id < last; ++id) d.retire(new gt::tracked(tracker, id));
 }
 
@@ -253,6 +254,7 @@ TEST(DomainFork, TheChildReclaimsWhatAThreadPostponedToTheEndOfItsReadSection) {
 
 // --- another thread retiring at the fork ----------------------------------------------------
 
+#if !GRACE_TESTING_TSAN  // see above: the child starts threads
 // Every request mapped on its own: the retiring thread below must not call malloc (see the
 // file comment).
 void* map_pages(std::size_t bytes, std::size_t, void*) noexcept {
@@ -268,7 +270,6 @@ void count_reclaim(void* object) noexcept {
       .fetch_add(1, std::memory_order_relaxed);  // Relaxed: read after barrier().
 }
 
-#if !GRACE_TESTING_TSAN  // see above: the child starts threads
 TEST(DomainFork, TheChildReclaimsExactlyOnceWhatAnotherThreadRetiredBeforeTheFork) {
   grace::domain d({.allocator = {&map_pages, &unmap_pages, nullptr}});
   const std::size_t objects = gt::iterations(std::size_t{1} << 23, std::size_t{1} << 21);
