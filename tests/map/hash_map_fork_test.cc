@@ -71,7 +71,8 @@ std::optional<std::string> expected_before_fork(std::uint64_t key) {
 }
 
 // Checks find() of every key in [0, n) against expected_before_fork(); 0 or an exit code.
-int check_parent_contents(const string_map& map, std::uint64_t n) {
+// Serves only tests compiled without TSan (hence [[maybe_unused]]).
+[[maybe_unused]] int check_parent_contents(const string_map& map, std::uint64_t n) {
   for (std::uint64_t key = 0; key < n; ++key) {
     if (map.find(key) != expected_before_fork(key)) {
       return child_failure(10, "find() disagrees with what the parent left", key);
