@@ -109,8 +109,8 @@ class reclaim_engine {
   // gp_.completed. The GP thread answers a pending request requested_gp_delay after it first
   // sees it, unless a grace period run elsewhere answers it first.
   std::atomic<std::uint64_t> requested_gp_{0};
-  // When the pending request began (steady clock, ns), and how long it may wait before the
-  // next requester answers it itself (a quarter of requested_gp_delay).
+  // When the pending request began (coarse monotonic clock, ns), and how long it may wait
+  // before the next requester answers it itself (a quarter of requested_gp_delay).
   std::atomic<std::int64_t> request_since_ns_{0};
   const std::int64_t takeover_after_ns_;
   // Threads owing this engine deferred work (deferred_use_begin/end), plus kDeferredWaiter

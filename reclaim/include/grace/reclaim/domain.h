@@ -177,7 +177,8 @@ class domain {
   // request_gp(), and true when the caller should answer the request itself, which it then
   // must do with synchronize() or synchronize_when_unpinned(): an earlier request has waited
   // a quarter of requested_gp_delay, no grace period that answers it has started, the caller
-  // runs no deleter, and no other caller claimed it within that quarter. Under load a
+  // runs no deleter, and no other caller claimed it within that quarter (timed with the
+  // coarse monotonic clock, so at the kernel tick's resolution, 1-4 ms). Under load a
   // thread that makes garbage answers far cheaper than the engine's thread. Never blocks.
   [[nodiscard]] bool request_gp_claiming_overdue() noexcept;
   // Runs a grace period on the calling thread now if it holds no read_guard, otherwise when
