@@ -15,7 +15,10 @@
 // whole batches, never more than needed, with no limit of one grace period in flight: the
 // next begins as soon as one ends while work is waiting) and a reclaim worker (runs the
 // deleters, oldest batch first). Retiring threads never run deleters, except on the
-// emergency path (no memory for a block).
+// emergency path (no memory for a block). The grace-period thread answers request_gp()
+// only when no other grace period has within requested_gp_delay: under load, one run by a
+// thread between its read sections is far cheaper (reclaim/README.md, "Grace periods on
+// request").
 //
 // Guarantees:
 //   - An object passed to retire() is deleted exactly once, after a grace period that began
