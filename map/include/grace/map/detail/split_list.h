@@ -133,8 +133,11 @@ inline std::uint64_t dummy_so_key(std::uint64_t bucket) noexcept { return revers
 inline std::uintptr_t link_to(const list_node* node) noexcept {
   const auto address = reinterpret_cast<std::uintptr_t>(node);
   if (!kLinkTags || node == nullptr || !is_dummy(node)) return address;
-  // A dummy's so_key is its bucket reversed (dummy_so_key); its level is the bucket's width.
-  const auto level = static_cast<std::uintptr_t>(std::bit_width(reverse_bits(node->so_key)));
+  // A dummy's so_key is its bucket reversed (dummy_so_key); its level is the bucket's width,
+  // bit_width(reverse_bits(so_key)), which is 64 - countr_zero(so_key) (0 for bucket 0).
+  const std::uint64_t so_key = node->so_key;
+  const auto level = so_key == 0 ? std::uintptr_t{0}
+                                 : static_cast<std::uintptr_t>(64 - std::countr_zero(so_key));
   return address | ((level + 1) << kTagShift);
 }
 // (L7): whether `link` points to the dummy of a bucket below 2^size_log2, which ends the
