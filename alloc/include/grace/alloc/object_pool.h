@@ -66,9 +66,12 @@ struct pool_options {
   // thread also does so when domain::request_gp() says the domain's request has waited long.
   // On a busy machine the engine's thread competes for a core with the threads producing
   // garbage; the producers paying for grace periods keeps memory flat and costs far fewer
-  // membarrier() calls. 0 disables both: allocate() and deallocate() then never run a grace
-  // period.
-  std::size_t caller_gp_threshold = 4096;
+  // membarrier() calls. Each grace period costs membarrier() IPIs, so the threshold trades
+  // memory (up to this many objects waiting per CPU) for update speed: 16384 holds ~1.4 MiB
+  // of 88-byte map elements per CPU and runs a quarter of the grace periods 4096 did
+  // (alloc/README.md, "Who drives grace periods"). 0 disables both: allocate() and
+  // deallocate() then never run a grace period.
+  std::size_t caller_gp_threshold = 16384;
   // Where chunks and magazines come from.
   system_allocator allocator{};
 };
