@@ -40,6 +40,7 @@
 
 #include "grace/alloc/object_pool.h"
 #include "grace/reclaim/domain.h"
+#include "tool/affinity.h"
 #include "tool/latency.h"
 #include "tool/rss_sampler.h"
 #include "tool/start_gate.h"
@@ -92,6 +93,7 @@ struct config {
   std::size_t object_size;
   double seconds;
   std::uint64_t burst;
+  bool affinity;  // worker t on CPU t mod the CPU count (producer-consumer: 2p and 2p + 1)
 };
 
 // The object the malloc modes allocate: the payload plus, for call_rcu, an rcu_head in front
@@ -249,6 +251,7 @@ run_numbers run_pairs(allocator_under_test& a, const config& cfg) {
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < cfg.threads; ++t) {
     threads.emplace_back([&, t] {
+      if (cfg.affinity) pin_to_cpu(t);
       a.enter_thread();
       gate.arrive_and_wait();
       std::uint64_t done = 0;
@@ -324,6 +327,7 @@ run_numbers run_producer_consumer(allocator_under_test& a, const config& cfg) {
   std::vector<std::thread> threads;
   for (unsigned p = 0; p < pairs; ++p) {
     threads.emplace_back([&, p] {  // producer
+      if (cfg.affinity) pin_to_cpu(2 * p);
       a.enter_thread();
       gate.arrive_and_wait();
       std::uint64_t done = 0;
@@ -349,6 +353,7 @@ run_numbers run_producer_consumer(allocator_under_test& a, const config& cfg) {
       a.leave_thread();
     });
     threads.emplace_back([&, p] {  // consumer
+      if (cfg.affinity) pin_to_cpu(2 * p + 1);
       a.enter_thread();
       gate.arrive_and_wait();
       std::uint64_t done = 0;
@@ -398,6 +403,7 @@ run_numbers run_burst(allocator_under_test& a, const config& cfg) {
   std::vector<bench_clock::time_point> finished(cfg.threads);
   for (unsigned t = 0; t < cfg.threads; ++t) {
     threads.emplace_back([&, t] {
+      if (cfg.affinity) pin_to_cpu(t);
       a.enter_thread();
       std::vector<void*> live(per_thread);
       gate.arrive_and_wait();
@@ -490,6 +496,10 @@ void describe(options_spec& spec) {
                        "call_rcu");
   spec.add_choice_list("workload", "all", {"pairs", "producer-consumer", "burst", "all"},
                        "workloads; all = pairs,producer-consumer,burst");
+  spec.add_flag("affinity",
+                "pin worker t to CPU t mod the CPU count (producer-consumer: producer and "
+                "consumer of a pair on neighbouring CPUs); without it, where the scheduler "
+                "puts a pair decides whether its ring hand-over spins or yields");
   spec.set_epilogue(
       "Keys: see the comment at the top of bench/alloc/alloc_mode.cc.\n"
       "Flat memory over 30 s: grace-bench alloc --workload producer-consumer --seconds 30");
@@ -501,6 +511,7 @@ int run(const parsed_options& options, reporter& out) {
   cfg.object_size = options.count("object-size");
   cfg.seconds = options.number("seconds");
   cfg.burst = options.count("burst");
+  cfg.affinity = options.flag("affinity");
   if (cfg.burst < cfg.threads) throw usage_error("--burst: must be at least --threads");
   std::vector<mode> modes;
   for (const std::string& name : options.choice_list("mode")) {

@@ -63,8 +63,6 @@
 // helper threads, so the main thread never registers with liburcu twice.
 #include <fcntl.h>
 #include <malloc.h>
-#include <pthread.h>
-#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -88,6 +86,7 @@
 
 #include "map/map_adapters.h"
 #include "map/map_value.h"
+#include "tool/affinity.h"
 #include "tool/latency.h"
 #include "tool/rss_sampler.h"
 #include "tool/start_gate.h"
@@ -172,14 +171,6 @@ std::atomic<unsigned> g_error_messages{0};
 }
 
 // --- threads -------------------------------------------------------------------------------
-
-void pin_to_cpu(unsigned index) {
-  static const unsigned kCpus = std::max(1u, std::thread::hardware_concurrency());
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(index % kCpus, &set);
-  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
 
 // Runs f() on a fresh thread that holds Map's thread_scope, and waits for it.
 template <class Map, class F>
