@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -50,8 +52,9 @@ struct pool_core {
   const std::uint32_t batch;
   const std::uint64_t low;
   const std::uint64_t high;
-  // Ready objects a busy cache may hold: the high watermark plus what one grace period
-  // releases at once. Above it the hot paths shed; the idle trim goes down to the watermarks.
+  // Ready objects a cache that allocates may hold: the high watermark plus what one grace
+  // period releases at once. Above it the hot paths shed (a cache that only frees sheds above
+  // `high`, to the depot); the idle trim goes down to the watermarks.
   const std::uint64_t busy_high;
   const std::uint64_t gp_request_threshold;
   const std::uint64_t caller_gp_threshold;
@@ -397,17 +400,30 @@ struct pool_core {
     return cache.waiting.objects + (cache.freed != nullptr ? cache.freed->count : 0);
   }
 
-  // Sheds ready magazines (oldest first) while the cache holds more than `limit` ready
-  // objects: to the depot, or back to the system when the depot is full.
-  void shed_ready(pool_cache& cache, std::uint64_t limit, bool to_depot_first) noexcept {
+  // Sheds ready magazines, oldest first: into the depot, where the next CPU that runs out
+  // takes them, while the cache holds more than `depot_above` ready objects and a slot is
+  // free; back to the system while it holds more than `release_above`.
+  void shed_ready(pool_cache& cache, std::uint64_t depot_above,
+                  std::uint64_t release_above) noexcept {
     std::uint64_t ready = ready_objects(cache);
-    while (ready > limit && cache.ready.head != nullptr) {
+    bool depot_has_room = true;  // one full scan per pass is enough to know it is full
+    while (ready > std::min(depot_above, release_above) && cache.ready.head != nullptr) {
       magazine* m = cache.ready.pop_front();
-      ready -= m->count;
-      if (!to_depot_first || !to_depot(m)) {
-        release_objects(m);
-        stash_magazine(cache, m);
+      const std::uint32_t count = m->count;  // read before to_depot() hands m over (P4)
+      if (depot_has_room && ready > depot_above) {
+        if (to_depot(m)) {
+          ready -= count;
+          continue;
+        }
+        depot_has_room = false;
       }
+      if (ready <= release_above) {
+        cache.ready.push_front(m);
+        break;
+      }
+      ready -= count;
+      release_objects(m);
+      stash_magazine(cache, m);
     }
   }
 
@@ -482,6 +498,13 @@ struct pool_core {
     core->last_trim.store(now.time_since_epoch().count(), std::memory_order_relaxed);
     object_pool& pool = core->pool;
     bool again = false;
+    const std::uint64_t takes = core->depot_takes.load(std::memory_order_relaxed);
+    // Relaxed: hints (see depot_takes_at_last_trim). A depot some CPU took from since the
+    // last pass is in use: idle caches shed into it first (a consumer's objects, which the
+    // producer's CPU takes); an unused one is emptied below.
+    const bool depot_idle =
+        core->depot_takes_at_last_trim.exchange(takes, std::memory_order_relaxed) == takes;
+    const std::uint64_t trimmed = (core->low + core->high) / 2;
     for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
       pool_cache& cache = pool.caches_[i];
       // Acquire (A1): pairs with (A2). A held cache is busy: look again next pass.
@@ -494,17 +517,15 @@ struct pool_core {
       const std::uint64_t allocated = cache.allocated.load(std::memory_order_relaxed);
       if (allocated == cache.allocated_at_last_trim) {
         if (cache.freed != nullptr && !cache.freed->empty()) core->seal(cache);
-        core->shed_ready(cache, (core->low + core->high) / 2, /*to_depot_first=*/false);
+        core->shed_ready(cache,
+                         depot_idle ? std::numeric_limits<std::uint64_t>::max() : trimmed,
+                         trimmed);
       }
       cache.allocated_at_last_trim = allocated;
       again = again || core->needs_trim(cache);
       core->update_gauges(cache);
       pool.release_hold(cache);
     }
-    const std::uint64_t takes = core->depot_takes.load(std::memory_order_relaxed);
-    // Relaxed: hints (see depot_takes_at_last_trim).
-    const bool depot_idle =
-        core->depot_takes_at_last_trim.exchange(takes, std::memory_order_relaxed) == takes;
     for (unsigned i = 0; i < core->depot_slots; ++i) {
       if (core->depot[i].load(std::memory_order_relaxed) == nullptr) continue;
       again = true;
@@ -717,7 +738,16 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
   if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
   detail::bump(cache.deallocated);
   if (options_.reuse_after_gp) core.promote_elapsed(cache);
-  core.shed_ready(cache, core.busy_high, /*to_depot_first=*/true);
+  // A cache that allocated nothing since its previous deallocate_slow() only frees (the
+  // consumer of a producer-consumer pair): it passes what it does not need to the depot,
+  // where the allocating CPU finds it instead of cutting fresh chunks. One that allocates
+  // keeps up to busy_high for itself (another CPU taking them would take cold objects).
+  // Past busy_high, with the depot full, objects go back to the system.
+  // Relaxed: only holders write it, and this thread holds the cache.
+  const std::uint64_t allocated = cache.allocated.load(std::memory_order_relaxed);
+  const bool allocating = allocated != cache.allocated_at_last_shed;
+  cache.allocated_at_last_shed = allocated;
+  core.shed_ready(cache, allocating ? core.busy_high : core.high, core.busy_high);
   const std::uint64_t waiting = core.waiting_objects(cache);
   const bool trim = core.needs_trim(cache);
   core.update_gauges(cache);

@@ -318,33 +318,6 @@ class quarantine_allocator {
   std::atomic<std::uint64_t> given_back_{0};
 };
 
-// Keeps the calling thread on `cpu` from now on; false if it could not.
-bool pin_to_cpu(int cpu) {
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  return ::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one) == 0;
-}
-
-// Two CPUs this process may run on whose pool caches differ (the pool indexes its caches by
-// CPU number modulo their power-of-two count), or {-1, -1}.
-std::array<int, 2> two_cpus_with_their_own_caches() {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {-1, -1};
-  const int caches = static_cast<int>(grace::detail::cpu_shard_count());
-  int first = -1;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &allowed)) continue;
-    if (first < 0) {
-      first = cpu;
-    } else if (cpu % caches != first % caches) {
-      return {first, cpu};
-    }
-  }
-  return {-1, -1};
-}
-
 TEST(ObjectPoolStress, AThreadReleasingToAChunkNeverTouchesItAfterAnotherThreadFreedIt) {
   // Two threads on two CPUs (two caches) deallocate alternate objects of the same 4-object
   // chunks at once, in address order. The pool keeps nothing (reuse_after_gp off, watermarks
@@ -355,7 +328,7 @@ TEST(ObjectPoolStress, AThreadReleasingToAChunkNeverTouchesItAfterAnotherThreadF
   // memory that is gone: a fault here (plain, asan), or a race report under TSan. In plain
   // and asan builds this is probabilistic (the non-last releaser must be preempted between
   // its release and such a read); under TSan every such read is reported.
-  const std::array<int, 2> cpus = two_cpus_with_their_own_caches();
+  const std::array<int, 2> cpus = ga::two_cpus_with_their_own_caches();
   if (cpus[0] < 0) GTEST_SKIP() << "needs two CPUs with different pool caches";
   quarantine_allocator memory;
   std::uint64_t rounds = 0;
@@ -385,7 +358,7 @@ TEST(ObjectPoolStress, AThreadReleasingToAChunkNeverTouchesItAfterAnotherThreadF
       gt::run_threads(2, [&](unsigned index) {
         // Each thread on its own CPU, so each takes its own cache: nothing but the chunk's
         // counter orders their releases.
-        EXPECT_TRUE(pin_to_cpu(cpus[index]));
+        EXPECT_TRUE(ga::pin_to_cpu(cpus[index]));
         for (void* object : halves[index]) pool.deallocate(object);
       });
       ++rounds;

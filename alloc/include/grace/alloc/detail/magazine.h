@@ -87,6 +87,12 @@ struct magazine_fifo {
     tail = m;
     objects += m->count;
   }
+  void push_front(magazine* m) noexcept {
+    m->next = head;
+    head = m;
+    if (tail == nullptr) tail = m;
+    objects += m->count;
+  }
   magazine* pop_front() noexcept {
     magazine* m = head;
     head = m->next;
@@ -117,6 +123,7 @@ struct alignas(64) pool_cache {
   std::uint32_t carved = 0;    // objects already cut from `carving`
   chunk* carving = nullptr;    // the chunk fresh objects are cut from
   std::uint64_t allocated_at_last_trim = 0;  // the idle trim's activity mark
+  std::uint64_t allocated_at_last_shed = 0;  // deallocate_slow's: does this CPU allocate?
   std::atomic<std::uint64_t> reused{0};
   std::atomic<std::uint64_t> fresh{0};
   std::atomic<std::uint64_t> ready_gauge{0};    // refreshed on slow paths
