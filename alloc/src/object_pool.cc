@@ -23,6 +23,8 @@ inline constexpr std::size_t kMinObjectsPerChunk = 4;
 inline constexpr std::size_t kMaxObjectSize =
     (kChunkBytes - kChunkHeaderBytes) / kMinObjectsPerChunk;
 inline constexpr unsigned kDepotSlotsPerCache = 16;
+// Magazines a cache fills in a row without allocating before it counts as a consumer.
+inline constexpr std::uint32_t kConsumerMagazines = 4;
 // The idle trim runs at most this often (and after a grace period).
 inline constexpr std::chrono::milliseconds kTrimInterval{20};
 inline constexpr unsigned kEmptyMagazinesPerCache = 2;
@@ -738,16 +740,23 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
   if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
   detail::bump(cache.deallocated);
   if (options_.reuse_after_gp) core.promote_elapsed(cache);
-  // A cache that allocated nothing since its previous deallocate_slow() only frees (the
-  // consumer of a producer-consumer pair): it passes what it does not need to the depot,
-  // where the allocating CPU finds it instead of cutting fresh chunks. One that allocates
-  // keeps up to busy_high for itself (another CPU taking them would take cold objects).
-  // Past busy_high, with the depot full, objects go back to the system.
+  // A cache that filled kConsumerMagazines magazines in a row without allocating only frees
+  // (the consumer of a producer-consumer pair): it passes what it does not need to the
+  // depot, where the allocating CPU finds it instead of cutting fresh chunks. One that
+  // allocates keeps up to busy_high for itself: another CPU taking its objects would take
+  // them cold, and a thread that frees in phases (a batch of erases between inserts) fills
+  // a magazine or two between its allocations. Past busy_high, with the depot full, objects
+  // go back to the system.
   // Relaxed: only holders write it, and this thread holds the cache.
   const std::uint64_t allocated = cache.allocated.load(std::memory_order_relaxed);
-  const bool allocating = allocated != cache.allocated_at_last_shed;
-  cache.allocated_at_last_shed = allocated;
-  core.shed_ready(cache, allocating ? core.busy_high : core.high, core.busy_high);
+  if (allocated != cache.allocated_at_last_shed) {
+    cache.allocated_at_last_shed = allocated;
+    cache.magazines_freed_without_allocating = 0;
+  } else if (cache.magazines_freed_without_allocating < detail::kConsumerMagazines) {
+    ++cache.magazines_freed_without_allocating;
+  }
+  const bool consumer = cache.magazines_freed_without_allocating >= detail::kConsumerMagazines;
+  core.shed_ready(cache, consumer ? core.high : core.busy_high, core.busy_high);
   const std::uint64_t waiting = core.waiting_objects(cache);
   const bool trim = core.needs_trim(cache);
   core.update_gauges(cache);
