@@ -210,11 +210,8 @@ class hash_map {
     bool inserted;
     {
       auto guard = pin_reader();
-      unsigned size_log2;
-      detail::list_node* start = list_.bucket_of(hash, size_log2);
-      if (lookup_from(start, size_log2, key, detail::element_so_key(hash)) != nullptr) {
-        return false;
-      }
+      detail::list_node* start;
+      if (lookup_in_bucket(hash, key, start) != nullptr) return false;
       node* fresh = make_node(hash, key, std::forward<Args>(args)...);
       inserted = discard_on_throw(fresh, [&] { return link_new(start, fresh, key); });
       if (!inserted) discard(fresh);
@@ -242,11 +239,8 @@ class hash_map {
   bool assign(const Key& key, Value value) {
     const std::uint64_t hash = hash_(key);
     auto guard = pin_reader();
-    unsigned size_log2;
-    detail::list_node* start = list_.bucket_of(hash, size_log2);
-    if (lookup_from(start, size_log2, key, detail::element_so_key(hash)) == nullptr) {
-      return false;
-    }
+    detail::list_node* start;
+    if (lookup_in_bucket(hash, key, start) == nullptr) return false;
     node* fresh = make_node(hash, key, std::move(value));
     return discard_on_throw(fresh, [&] {
              return upsert(start, fresh, key, /*may_insert=*/false);
@@ -430,9 +424,15 @@ class hash_map {
 
   // The reader's walk (M2): skips dummies and marked nodes, never writes.
   const node* lookup(const Key& key) const {
-    const std::uint64_t hash = hash_(key);
+    detail::list_node* start;
+    return lookup_in_bucket(hash_(key), key, start);
+  }
+  // The same for a hashed key; `start` receives the dummy of its bucket, where an update
+  // that follows the lookup begins its own walk.
+  const node* lookup_in_bucket(std::uint64_t hash, const Key& key,
+                               detail::list_node*& start) const {
     unsigned size_log2;
-    const detail::list_node* start = list_.bucket_of(hash, size_log2);
+    start = list_.bucket_of(hash, size_log2);
     return lookup_from(start, size_log2, key, detail::element_so_key(hash));
   }
   // `start` is the dummy of the key's bucket at size 2^size_log2.
