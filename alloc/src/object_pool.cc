@@ -1,27 +1,55 @@
 // grace::object_pool: construction, destruction and the slow paths.
 #include "grace/alloc/object_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace grace::detail {
 
 // Every chunk is kChunkBytes, aligned to kChunkBytes, so an object finds its chunk (and so
 // its pool) by masking its address: the retire() deleters need nothing but the object.
 inline constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
+// The header; the chunk's free-slot bitmap follows it, then its objects.
 inline constexpr std::size_t kChunkHeaderBytes = 64;
-// Objects per chunk at least this many; bounds the largest poolable object.
-inline constexpr std::size_t kMinObjectsPerChunk = 4;
-inline constexpr std::size_t kMaxObjectSize =
-    (kChunkBytes - kChunkHeaderBytes) / kMinObjectsPerChunk;
+// A released object may carry a link in its first word (P6): no slot is smaller.
+inline constexpr std::size_t kMinStride = sizeof(void*);
+// The largest poolable object: a quarter of a chunk's bytes past the header (3 objects a
+// chunk at the largest sizes, once the bitmap and the alignment take their share).
+inline constexpr std::size_t kMaxObjectSize = (kChunkBytes - kChunkHeaderBytes) / 4;
+// Passes of unlock_chunks() over what other threads deferred before it leaves the rest to
+// the idle trim: a holder does a bounded amount of other threads' work.
+inline constexpr unsigned kDeferredPasses = 4;
+
+// Bumped in the child of every fork(), before any other thread exists there. A chunk lock
+// held under an older generation was held by a thread that does not exist in this process.
+// Relaxed: written by the child's only thread; threads created later are ordered after it.
+constinit std::atomic<std::uint32_t> fork_generation{0};
+
+constinit std::atomic<void (*)()> chunk_lock_held_hook{nullptr};
+
+void count_fork_in_child() noexcept {
+  fork_generation.store(fork_generation.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
+}
+
+// Installs count_fork_in_child() once per process; throws std::bad_alloc if pthread_atfork()
+// has no memory for it.
+void install_fork_counter() {
+  static const int result = pthread_atfork(nullptr, nullptr, &count_fork_in_child);
+  if (result != 0) throw std::bad_alloc();
+}
 inline constexpr unsigned kDepotSlotsPerCache = 16;
 // Magazines a cache fills in a row without allocating before it counts as a consumer.
 inline constexpr std::uint32_t kConsumerMagazines = 4;
@@ -34,23 +62,65 @@ inline constexpr unsigned kEmptyMagazinesPerCache = 2;
 struct chunk_record {
   chunk_record* next_all = nullptr;   // immutable once pushed onto records_
   chunk_record* next_free = nullptr;  // written by the owner before a push onto free_records_
-  std::atomic<chunk*> live{nullptr};
+  std::atomic<chunk*> live{nullptr};  // (A6)
 };
 
 struct chunk {
-  pool_core* core;
-  chunk_record* record;
-  std::atomic<std::uint32_t> released{0};  // (P5)
-  std::uint32_t capacity;
+  pool_core* const core;
+  chunk_record* const record;
+  const std::uint32_t capacity;
+  // (P5): the rest, and the bitmap, change only under the pool's chunk lock.
+  std::uint32_t free_slots = 0;  // bits set in the bitmap
+  chunk* partial_prev = nullptr;  // the pool's list of chunks with free slots
+  chunk* partial_next = nullptr;  // ... and, once all its slots are free, the holder's list
+  // (P6): on the deferred chunk stack, the slots [uncarved_from, capacity) wait to be freed.
+  chunk* deferred_next = nullptr;
+  std::uint32_t uncarved_from = 0;
+
+  chunk(pool_core* owner, chunk_record* chunk_record_, std::uint32_t objects) noexcept
+      : core(owner), record(chunk_record_), capacity(objects) {}
+
+  // One bit per slot, set while the slot is free.
+  std::uint64_t* free_bits() noexcept {
+    return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(this) + kChunkHeaderBytes);
+  }
 };
 static_assert(sizeof(chunk) <= kChunkHeaderBytes);
+
+// Where a chunk's objects start and how many fit behind the header and their bitmap.
+struct chunk_layout {
+  std::size_t first_offset;
+  std::uint32_t capacity;
+  std::uint32_t bitmap_words;
+};
+
+constexpr std::size_t round_up(std::size_t value, std::size_t alignment) {
+  return (value + alignment - 1) & ~(alignment - 1);
+}
+
+constexpr chunk_layout layout_chunks(std::size_t stride, std::size_t alignment) {
+  std::size_t capacity = (kChunkBytes - kChunkHeaderBytes) / stride;
+  for (;;) {
+    const std::size_t words = (capacity + 63) / 64;
+    const std::size_t offset = round_up(kChunkHeaderBytes + words * 8, alignment);
+    const std::size_t fits = (kChunkBytes - offset) / stride;
+    if (fits >= capacity) {
+      return {offset, static_cast<std::uint32_t>(capacity), static_cast<std::uint32_t>(words)};
+    }
+    capacity = fits;
+  }
+}
 
 struct pool_core {
   object_pool& pool;
   domain& reclamation;
   const std::size_t stride;
+  // ceil(2^32 / stride): an object's offset in its chunk times this, >> 32, is its slot
+  // (exact: offsets and strides are below 2^16).
+  const std::uint64_t slot_reciprocal;
   const std::size_t first_offset;
   const std::uint32_t objects_per_chunk;
+  const std::uint32_t bitmap_words;
   const std::uint32_t batch;
   const std::uint64_t low;
   const std::uint64_t high;
@@ -65,6 +135,16 @@ struct pool_core {
 
   std::atomic<chunk_record*> records{nullptr};       // push-only
   std::atomic<chunk_record*> free_records{nullptr};  // push-chain / take-all: no ABA
+  // (P5): the chunk lock, only ever tried: 0, or (fork generation << 1) | 1 while held.
+  std::atomic<std::uint32_t> chunk_lock{0};
+  chunk* partial_head = nullptr;  // chunks with free slots, most recently partial first
+  chunk* emptied = nullptr;       // chunks whose slots are all free: freed after the unlock
+  // Relaxed: written under the lock, read without it as a hint that partial_head is set.
+  std::atomic<std::uint64_t> partial_chunks{0};
+  // (P6): what was released while another thread held the chunk lock: objects, and chunks'
+  // uncarved tails.
+  std::atomic<void*> deferred_objects{nullptr};
+  std::atomic<chunk*> deferred_chunks{nullptr};
   std::atomic<bool> trim_scheduled{false};
   std::atomic<bool> trim_running{false};
   std::atomic<bool> destroying{false};
@@ -84,16 +164,19 @@ struct pool_core {
   std::atomic<std::uint64_t> returned{0};
   std::atomic<std::uint64_t> unheld_allocations{0};
   std::atomic<std::uint64_t> fresh_unheld{0};
+  std::atomic<std::uint64_t> reused_unheld{0};
   std::atomic<std::uint64_t> unheld_deallocations{0};
 
-  pool_core(object_pool& owner, std::size_t object_stride, std::size_t offset,
+  pool_core(object_pool& owner, std::size_t object_stride, const chunk_layout& layout,
             std::uint32_t magazine_batch, std::uint64_t low_mark, std::uint64_t high_mark,
             std::uint64_t request_threshold, std::uint64_t caller_threshold, unsigned slots)
       : pool(owner),
         reclamation(owner.domain_),
         stride(object_stride),
-        first_offset(offset),
-        objects_per_chunk(static_cast<std::uint32_t>((kChunkBytes - offset) / object_stride)),
+        slot_reciprocal(((std::uint64_t{1} << 32) + object_stride - 1) / object_stride),
+        first_offset(layout.first_offset),
+        objects_per_chunk(layout.capacity),
+        bitmap_words(layout.bitmap_words),
         batch(magazine_batch),
         low(low_mark),
         high(high_mark),
@@ -157,9 +240,11 @@ struct pool_core {
       give_records(record);
       return nullptr;
     }
-    auto* c = new (memory) chunk{this, record, {0}, objects_per_chunk};
-    // Relaxed: read only by the destructor, after every thread is done with the pool.
-    record->live.store(c, std::memory_order_relaxed);
+    auto* c = new (memory) chunk(this, record, objects_per_chunk);
+    std::memset(c->free_bits(), 0, bitmap_words * sizeof(std::uint64_t));
+    // Release (A6): the header and the cleared bitmap come before the record names the
+    // chunk; pairs with the Acquire load in repair_chunks_after_fork().
+    record->live.store(c, std::memory_order_release);
     chunks.fetch_add(1, std::memory_order_relaxed);
     const std::uint64_t held =
         held_bytes.fetch_add(kChunkBytes, std::memory_order_relaxed) + kChunkBytes;
@@ -184,32 +269,247 @@ struct pool_core {
     allocator().deallocate(c, kChunkBytes, allocator().context);
   }
 
-  // (P5): `count` objects of `c` will never be used again. Only the last releaser may touch
-  // `c` after its fetch_add: from then on another thread's release may be the last one and
-  // free the chunk (a read of c->capacity there faulted on a chunk already unmapped, or read
-  // freed memory as a "double release").
-  void release_to_chunk(chunk* c, std::uint32_t count) noexcept {
-    // Read while our `count` unreleased objects still keep the chunk alive.
-    const std::uint32_t capacity = c->capacity;
-    // AcqRel (A5): every release happens-before the last releaser frees the chunk.
-    const std::uint32_t before = c->released.fetch_add(count, std::memory_order_acq_rel);
-#ifndef NDEBUG
-    if (before + count > capacity) {
-      std::fprintf(stderr,
-                   "grace::object_pool: %u object(s) released to a chunk that had only %u "
-                   "unreleased: an object was deallocated twice, or by the wrong pool.\n",
-                   count, capacity - before);
-      std::abort();
+  // --- the chunk lock (P5) and deferred releases (P6) ----------------------------------------
+
+  bool try_lock_chunks() noexcept {
+    const std::uint32_t mine =
+        (fork_generation.load(std::memory_order_relaxed) << 1) | std::uint32_t{1};
+    // SeqCst (Dekker, A5): after a push onto a deferred stack, either this load sees the
+    // holder's unlock, or the holder's look at the stacks after that unlock sees the push.
+    std::uint32_t seen = chunk_lock.load(std::memory_order_seq_cst);
+    if (seen == mine) return false;
+    // Acquire (A5): the previous holder's changes to bitmaps and the partial list; pairs
+    // with the Release store in unlock_chunks().
+    if (!chunk_lock.compare_exchange_strong(seen, mine, std::memory_order_acquire,
+                                            std::memory_order_relaxed)) {
+      return false;
     }
-#endif
-    if (before + count == capacity) free_chunk(c);
+    // Held under an older fork generation: the holder is a parent's thread, absent here.
+    if (seen != 0) repair_chunks_after_fork();
+    return true;
+  }
+
+  // Releases what other threads deferred to the holder (P6), then the lock, then frees the
+  // chunks left with no object in use. Ends with the deferred stacks empty or another holder
+  // in charge of them, except after kDeferredPasses, when the idle trim takes over.
+  void unlock_chunks() noexcept {
+    for (unsigned pass = 1;; ++pass) {
+      free_deferred();
+      chunk* to_free = std::exchange(emptied, nullptr);
+      // Relaxed: see its declaration.
+      if (auto hook = chunk_lock_held_hook.load(std::memory_order_relaxed)) hook();
+      // SeqCst (A5): this hold's changes reach the next holder (pairs with the Acquire CAS
+      // in try_lock_chunks()), and the Dekker pair with a pusher (see there).
+      chunk_lock.store(0, std::memory_order_seq_cst);
+      while (to_free != nullptr) {
+        chunk* next = to_free->partial_next;
+        free_chunk(to_free);
+        to_free = next;
+      }
+      if (!anything_deferred()) return;
+      if (pass == kDeferredPasses) {
+        // Relaxed: set by the destructor, which defers nothing (it runs alone).
+        if (!destroying.load(std::memory_order_relaxed)) schedule_trim();
+        return;
+      }
+      if (!try_lock_chunks()) return;
+    }
+  }
+
+  bool anything_deferred() const noexcept {
+    // SeqCst: the holder's side of the Dekker pair (see try_lock_chunks()).
+    return deferred_objects.load(std::memory_order_seq_cst) != nullptr ||
+           deferred_chunks.load(std::memory_order_seq_cst) != nullptr;
+  }
+
+  // Lock held: frees the slots on both deferred stacks.
+  void free_deferred() noexcept {
+    // Acquire (A5): the links written before each push; pairs with the Release CAS in
+    // defer_object() and defer_uncarved().
+    void* object = deferred_objects.exchange(nullptr, std::memory_order_acquire);
+    while (object != nullptr) {
+      void* next;
+      std::memcpy(&next, object, sizeof next);
+      free_slot(object);
+      object = next;
+    }
+    // Acquire (A5): as above.
+    chunk* c = deferred_chunks.exchange(nullptr, std::memory_order_acquire);
+    while (c != nullptr) {
+      chunk* next = c->deferred_next;
+      free_uncarved(c, c->uncarved_from);
+      c = next;
+    }
+  }
+
+  // (P6): `object` (free, its grace period over) waits on the deferred stack for the holder.
+  void defer_object(void* object) noexcept {
+    asan_unpoison(object, pool.object_size_);
+    void* head = deferred_objects.load(std::memory_order_relaxed);
+    do {
+      std::memcpy(object, &head, sizeof head);
+      // SeqCst (A5): the link reaches the holder that takes the stack (pairs with the
+      // Acquire exchange in free_deferred()), and the pusher's side of the Dekker pair.
+    } while (!deferred_objects.compare_exchange_weak(head, object, std::memory_order_seq_cst,
+                                                     std::memory_order_relaxed));
+  }
+
+  void after_deferring() noexcept {
+    if (try_lock_chunks()) unlock_chunks();
+  }
+
+  // Releases objects to their chunks: `for_each(release)` calls release(object) on each. The
+  // objects will not be used again until a chunk hands them out. Never waits: with the lock
+  // held elsewhere, they are deferred to its holder (P6).
+  template <class ForEach>
+  void release_to_chunks(ForEach for_each) noexcept {
+    if (try_lock_chunks()) {
+      for_each([this](void* object) { free_slot(object); });
+      unlock_chunks();
+    } else {
+      for_each([this](void* object) { defer_object(object); });
+      after_deferring();
+    }
+  }
+
+  // The slots [first, capacity) of `c` were never handed out: they are free.
+  void release_uncarved(chunk* c, std::uint32_t first) noexcept {
+    if (try_lock_chunks()) {
+      free_uncarved(c, first);
+      unlock_chunks();
+      return;
+    }
+    // (P6): those slots are not free yet, so nobody frees `c` while it waits on the stack.
+    c->uncarved_from = first;
+    chunk* head = deferred_chunks.load(std::memory_order_relaxed);
+    do {
+      c->deferred_next = head;
+      // SeqCst (A5): uncarved_from and the link reach the holder (pairs with the Acquire
+      // exchange in free_deferred()), and the Dekker pair, as in defer_object().
+    } while (!deferred_chunks.compare_exchange_weak(head, c, std::memory_order_seq_cst,
+                                                    std::memory_order_relaxed));
+    after_deferring();
+  }
+
+  [[noreturn]] static void die_on_bad_release(void* object, const char* what) noexcept {
+    std::fprintf(stderr,
+                 "grace::object_pool: object %p %s (found when its slot was freed, perhaps on "
+                 "another thread than the deallocating one).\n",
+                 object, what);
+    std::abort();
+  }
+
+  // (P5), lock held: `object`'s slot is free.
+  void free_slot(void* object) noexcept {
+    chunk* c = chunk_of(object);
+    if (c->core != this) die_on_bad_release(object, "was deallocated to a pool it is not from");
+    const auto offset = static_cast<std::uint64_t>(static_cast<char*>(object) -
+                                                   reinterpret_cast<char*>(c)) -
+                        first_offset;
+    const auto slot = static_cast<std::uint32_t>((offset * slot_reciprocal) >> 32);
+    // Unsigned: an address before the first object wraps to a huge offset.
+    if (offset >= std::uint64_t{c->capacity} * stride || slot * stride != offset) {
+      die_on_bad_release(object, "is not an object of this pool (not the start of a slot)");
+    }
+    std::uint64_t& word = c->free_bits()[slot / 64];
+    const std::uint64_t bit = std::uint64_t{1} << (slot % 64);
+    if ((word & bit) != 0) die_on_bad_release(object, "was deallocated twice");
+    asan_poison(object, pool.object_size_);
+    word |= bit;
+    slots_freed(c, 1);
+  }
+
+  // Lock held: frees the slots [first, capacity) of `c`, a word at a time.
+  void free_uncarved(chunk* c, std::uint32_t first) noexcept {
+    std::uint64_t* bits = c->free_bits();
+    for (std::uint32_t slot = first; slot < c->capacity;) {
+      const std::uint32_t in_word = std::min<std::uint32_t>(64 - slot % 64, c->capacity - slot);
+      const std::uint64_t mask =
+          (in_word == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << in_word) - 1) << (slot % 64);
+      bits[slot / 64] |= mask;
+      slot += in_word;
+    }
+    slots_freed(c, c->capacity - first);
+  }
+
+  // Lock held: `count` more slots of `c` are free. A chunk with no slot in use leaves the
+  // partial list for `emptied`; unlock_chunks() frees it once the lock is released.
+  void slots_freed(chunk* c, std::uint32_t count) noexcept {
+    if (count == 0) return;
+    const bool was_full = c->free_slots == 0;
+    c->free_slots += count;
+    if (was_full) link_partial(c);
+    if (c->free_slots == c->capacity) {
+      unlink_partial(c);
+      c->partial_next = emptied;
+      emptied = c;
+    }
+  }
+
+  void link_partial(chunk* c) noexcept {
+    c->partial_prev = nullptr;
+    c->partial_next = partial_head;
+    if (partial_head != nullptr) partial_head->partial_prev = c;
+    partial_head = c;
+    partial_chunks.store(partial_chunks.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
+  }
+
+  void unlink_partial(chunk* c) noexcept {
+    (c->partial_prev != nullptr ? c->partial_prev->partial_next : partial_head) =
+        c->partial_next;
+    if (c->partial_next != nullptr) c->partial_next->partial_prev = c->partial_prev;
+    partial_chunks.store(partial_chunks.load(std::memory_order_relaxed) - 1,
+                         std::memory_order_relaxed);
+  }
+
+  // (P5), lock held: moves up to `want` free slots of partial chunks into `out`, emptying the
+  // chunk that became partial last first. Returns how many (the objects stay poisoned).
+  std::uint32_t take_free_slots(void** out, std::uint32_t want) noexcept {
+    std::uint32_t taken = 0;
+    while (taken < want && partial_head != nullptr) {
+      chunk* c = partial_head;
+      std::uint64_t* bits = c->free_bits();
+      for (std::uint32_t w = 0; w < bitmap_words && taken < want && c->free_slots != 0; ++w) {
+        while (bits[w] != 0 && taken < want) {
+          const auto bit = static_cast<std::uint32_t>(std::countr_zero(bits[w]));
+          bits[w] &= bits[w] - 1;
+          out[taken++] = object_at(c, w * 64 + bit);
+          --c->free_slots;
+        }
+      }
+      if (c->free_slots == 0) unlink_partial(c);
+    }
+    return taken;
+  }
+
+  // Lock taken over from a thread of the parent (fork() copied it held). That thread may
+  // have stopped anywhere under the lock: rebuild free_slots and the lists from the bitmaps,
+  // which each change one word at a time. What it had in hand (slots it took, a deferred
+  // stack it had taken) is lost to this process; nothing is handed out twice.
+  [[gnu::cold]] void repair_chunks_after_fork() noexcept {
+    partial_head = nullptr;
+    emptied = nullptr;
+    partial_chunks.store(0, std::memory_order_relaxed);
+    // Acquire: records pushed by the parent's threads; pairs with take_record()'s CAS.
+    for (chunk_record* r = records.load(std::memory_order_acquire); r != nullptr;
+         r = r->next_all) {
+      // Acquire (A6): the chunk's header and bitmap; pairs with new_chunk()'s store.
+      chunk* c = r->live.load(std::memory_order_acquire);
+      if (c == nullptr) continue;
+      c->free_slots = 0;
+      std::uint32_t free = 0;
+      for (std::uint32_t w = 0; w < bitmap_words; ++w) {
+        free += static_cast<std::uint32_t>(std::popcount(c->free_bits()[w]));
+      }
+      slots_freed(c, free);
+    }
   }
 
   static void release_object_after_gp(void* object) noexcept {
-    chunk* c = chunk_of(object);
-    pool_core* core = c->core;
+    pool_core* core = chunk_of(object)->core;
     core->returned.fetch_add(1, std::memory_order_relaxed);
-    core->release_to_chunk(c, 1);
+    core->release_to_chunks([&](auto&& release) { release(object); });
   }
 
   // --- magazines ----------------------------------------------------------------------------
@@ -247,9 +547,17 @@ struct pool_core {
   // Every object of `m` goes back to its chunk; requires a grace period since each was
   // deallocated (m is ready, or the pool is being destroyed after synchronize()).
   void release_objects(magazine* m) noexcept {
-    void** objects = m->objects();
-    for (std::uint32_t i = 0; i < m->count; ++i) release_to_chunk(chunk_of(objects[i]), 1);
     returned.fetch_add(m->count, std::memory_order_relaxed);
+    release_slots(m);
+  }
+
+  // release_objects() without counting them as returned.
+  void release_slots(magazine* m) noexcept {
+    void** objects = m->objects();
+    const std::uint32_t count = m->count;
+    release_to_chunks([&](auto&& release) {
+      for (std::uint32_t i = 0; i < count; ++i) release(objects[i]);
+    });
     m->count = 0;
   }
 
@@ -344,30 +652,58 @@ struct pool_core {
     return nullptr;
   }
 
-  // The last fallback: a chunk of its own. One object goes to the caller and a magazine's
-  // worth into the depot for the next such thread; the rest is released at once (P5).
-  void* allocate_from_fresh_chunk() {
-    chunk* c = new_chunk();
-    if (c == nullptr) throw std::bad_alloc();
-    std::uint32_t used = 1;
+  // The last fallback: one object for the caller and a magazine's worth into the depot for
+  // the next such thread, from the chunks' free slots (P5) if the chunk lock is free, or else
+  // from a chunk of its own whose rest is released at once.
+  void* allocate_from_chunks() {
     void* memory = allocator().allocate(magazine::bytes_for(batch), alignof(magazine),
                                         allocator().context);
-    if (memory != nullptr) {
-      auto* m = new (memory) magazine(batch);
-      m->ready = true;
-      while (m->count < batch && used < c->capacity) {
-        void* spare = object_at(c, used++);
-        asan_poison(spare, pool.object_size_);
-        m->objects()[m->count++] = spare;
+    magazine* spare = memory == nullptr ? nullptr : new (memory) magazine(batch);
+    void* object = nullptr;
+    // Relaxed: a hint; the lock decides.
+    if (partial_chunks.load(std::memory_order_relaxed) != 0 && try_lock_chunks()) {
+      if (take_free_slots(&object, 1) == 1 && spare != nullptr) {
+        spare->count = take_free_slots(spare->objects(), batch);
       }
-      if (!to_depot(m)) {
-        used = 1;
-        free_magazine(m);
+      unlock_chunks();
+      if (object != nullptr) {
+        reused_unheld.fetch_add(1, std::memory_order_relaxed);
+        asan_unpoison(object, pool.object_size_);
       }
     }
-    fresh_unheld.fetch_add(used, std::memory_order_relaxed);
-    release_to_chunk(c, c->capacity - used);
-    return object_at(c, 0);
+    bool spare_is_fresh = false;
+    if (object == nullptr) {
+      chunk* c = new_chunk();
+      if (c == nullptr) {
+        if (spare != nullptr) free_magazine(spare);
+        throw std::bad_alloc();
+      }
+      object = object_at(c, 0);
+      std::uint32_t used = 1;
+      if (spare != nullptr) {
+        while (spare->count < batch && used < c->capacity) {
+          void* fresh = object_at(c, used++);
+          asan_poison(fresh, pool.object_size_);
+          spare->objects()[spare->count++] = fresh;
+        }
+      }
+      fresh_unheld.fetch_add(1, std::memory_order_relaxed);
+      release_uncarved(c, used);
+      spare_is_fresh = true;
+    }
+    if (spare != nullptr) {
+      spare->ready = true;
+      const std::uint32_t count = spare->count;  // read before to_depot() hands it over (P4)
+      if (count != 0 && to_depot(spare)) {
+        (spare_is_fresh ? fresh_unheld : reused_unheld)
+            .fetch_add(count, std::memory_order_relaxed);
+      } else {
+        // The depot is full: back to their chunks, never having counted as handed out.
+        release_slots(spare);
+        free_magazine(spare);
+      }
+    }
+    return object;
   }
 
   // Cuts fresh objects into the (empty) loaded magazine; false if none could be had.
@@ -377,6 +713,14 @@ struct pool_core {
       if (cache.loaded == nullptr) return false;
     }
     magazine* m = cache.loaded;
+    // Free slots of the chunks already held first (P5): a chunk is cut only when none has one
+    // (or another thread holds the chunk lock). Relaxed: a hint; the lock decides.
+    if (partial_chunks.load(std::memory_order_relaxed) != 0 && try_lock_chunks()) {
+      const std::uint32_t taken = take_free_slots(m->objects() + m->count, batch - m->count);
+      m->count += taken;
+      unlock_chunks();
+      bump(cache.reused_from_chunks, taken);
+    }
     std::uint32_t added = 0;
     while (m->count < batch) {
       if (cache.carving == nullptr || cache.carved == objects_per_chunk) {
@@ -528,6 +872,12 @@ struct pool_core {
       core->update_gauges(cache);
       pool.release_hold(cache);
     }
+    // What a chunk lock holder left after kDeferredPasses, or deferred by threads that then
+    // found the lock held too.
+    if (core->anything_deferred()) {
+      if (core->try_lock_chunks()) core->unlock_chunks();
+      again = again || core->anything_deferred();
+    }
     for (unsigned i = 0; i < core->depot_slots; ++i) {
       if (core->depot[i].load(std::memory_order_relaxed) == nullptr) continue;
       again = true;
@@ -595,10 +945,6 @@ pool_options resolve_options(std::size_t object_size, pool_options options) {
   return options;
 }
 
-std::size_t round_up(std::size_t value, std::size_t alignment) {
-  return (value + alignment - 1) & ~(alignment - 1);
-}
-
 }  // namespace
 
 object_pool::object_pool(std::size_t object_size, pool_options options, domain& reclamation)
@@ -607,10 +953,12 @@ object_pool::object_pool(std::size_t object_size, pool_options options, domain& 
       domain_(reclamation),
       caches_(std::make_unique<detail::pool_cache[]>(detail::cpu_shard_count())),
       cache_mask_(detail::cpu_shard_count() - 1) {
-  const std::size_t stride = round_up(object_size_, options_.alignment);
-  const std::size_t offset = round_up(detail::kChunkHeaderBytes, options_.alignment);
+  detail::install_fork_counter();
+  const std::size_t stride =
+      detail::round_up(std::max(object_size_, detail::kMinStride), options_.alignment);
   core_ = std::make_unique<detail::pool_core>(
-      *this, stride, offset, static_cast<std::uint32_t>(options_.batch), options_.low_watermark,
+      *this, stride, detail::layout_chunks(stride, options_.alignment),
+      static_cast<std::uint32_t>(options_.batch), options_.low_watermark,
       options_.high_watermark, options_.gp_request_threshold, options_.caller_gp_threshold,
       detail::kDepotSlotsPerCache * (cache_mask_ + 1));
 }
@@ -629,6 +977,9 @@ object_pool::~object_pool() {
          core.trim_running.load(std::memory_order_acquire)) {
     domain_.barrier();
   }
+  // What other threads deferred to a chunk lock holder, and, in the child of a fork(), the
+  // lock a thread of the parent held (taken over and repaired).
+  if (core.try_lock_chunks()) core.unlock_chunks();
   auto release_all = [&](detail::pool_cache& cache, detail::magazine* m) {
     core.release_objects(m);
     core.free_magazine(m);
@@ -645,7 +996,7 @@ object_pool::~object_pool() {
       core.free_magazine(m);
     }
     if (cache.carving != nullptr && cache.carved != core.objects_per_chunk) {
-      core.release_to_chunk(cache.carving, core.objects_per_chunk - cache.carved);
+      core.release_uncarved(cache.carving, cache.carved);
     }
   }
   for (unsigned i = 0; i < core.depot_slots; ++i) {
@@ -660,7 +1011,7 @@ object_pool::~object_pool() {
   for (detail::chunk_record* r = core.records.load(std::memory_order_relaxed); r != nullptr;
        r = r->next_all) {
     if (detail::chunk* c = r->live.load(std::memory_order_relaxed)) {
-      outstanding += c->capacity - c->released.load(std::memory_order_relaxed);
+      outstanding += c->capacity - c->free_slots;
     }
   }
   // Relaxed: set by the owner before destruction began.
@@ -788,7 +1139,7 @@ void* object_pool::allocate_contended_slow(unsigned home) {
   if (object != nullptr) {
     detail::asan_unpoison(object, object_size_);
   } else {
-    object = core.allocate_from_fresh_chunk();  // may throw std::bad_alloc: not counted
+    object = core.allocate_from_chunks();  // may throw std::bad_alloc: not counted
   }
   core.unheld_allocations.fetch_add(1, std::memory_order_relaxed);  // Relaxed: a statistic.
   return object;
@@ -899,11 +1250,13 @@ pool_stats object_pool::stats() const noexcept {
     s.deallocated += cache.deallocated.load(std::memory_order_relaxed);
     s.reused_after_gp += cache.reused.load(std::memory_order_relaxed);
     s.fresh += cache.fresh.load(std::memory_order_relaxed);
+    s.reused_from_chunks += cache.reused_from_chunks.load(std::memory_order_relaxed);
     s.ready += cache.ready_gauge.load(std::memory_order_relaxed);
     s.waiting_for_gp += cache.waiting_gauge.load(std::memory_order_relaxed);
   }
   s.allocated += core.unheld_allocations.load(std::memory_order_relaxed);
   s.fresh += core.fresh_unheld.load(std::memory_order_relaxed);
+  s.reused_from_chunks += core.reused_unheld.load(std::memory_order_relaxed);
   s.deallocated += core.unheld_deallocations.load(std::memory_order_relaxed);
   s.returned_to_system = core.returned.load(std::memory_order_relaxed);
   s.held_bytes = core.held_bytes.load(std::memory_order_relaxed);

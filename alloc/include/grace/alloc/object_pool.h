@@ -16,8 +16,9 @@
 // by the pool while they wait, so readers see them intact until they leave.
 //
 // Memory: per-CPU caches keep between the low and high watermarks of ready objects; surplus
-// moves to a shared depot other CPUs draw from, or back to the system; fresh objects are cut
-// from 64 KiB chunks that return to the system once every object cut from them is released.
+// moves to a shared depot other CPUs draw from, or back to its chunks. Objects come from
+// 64 KiB chunks: a refill takes the free slots of chunks already held before it cuts a new
+// one, and a chunk returns to the system once all its slots are free.
 // Objects waiting for a grace period are bounded by asking the domain for a grace period
 // (domain::request_gp()) and, past caller_gp_threshold, by the deallocating thread running
 // one itself at its next quiescent point (never inside a read section).
@@ -81,7 +82,8 @@ struct pool_stats {
   std::uint64_t allocated = 0;            // allocate() calls served
   std::uint64_t deallocated = 0;          // deallocate() calls
   std::uint64_t reused_after_gp = 0;      // objects made allocatable again after a GP
-  std::uint64_t fresh = 0;                // objects cut from chunks
+  std::uint64_t fresh = 0;                // objects cut from new chunks
+  std::uint64_t reused_from_chunks = 0;   // objects handed out again from chunks' free slots
   std::uint64_t returned_to_system = 0;   // objects released to their chunks
   std::uint64_t ready = 0;                // gauge: allocatable objects held (per-cache lag)
   std::uint64_t waiting_for_gp = 0;       // gauge: deallocated, grace period not yet elapsed

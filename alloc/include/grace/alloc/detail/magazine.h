@@ -11,11 +11,13 @@
 //         \--- surplus -----> depot_ (slots, any CPU takes an elapsed magazine) <--
 //                             full depot: released to their chunks (waiting ones via retire())
 //
-// A magazine is an array of object pointers. Objects are never linked through their own
-// memory: a reader may still be reading a freed object until its grace period ends, so the
-// pool writes nothing into it. Fresh objects are carved from 64 KiB chunks aligned to their
-// size, so an object finds its chunk by masking its address; a chunk goes back to the system
-// when every object carved from it has been released.
+// A magazine is an array of object pointers. Objects in the caches and the depot are never
+// linked through their own memory: a reader may still be reading a freed object until its
+// grace period ends, so the pool writes nothing into it. Objects are carved from 64 KiB
+// chunks aligned to their size, so an object finds its chunk by masking its address. A
+// chunk keeps a bitmap of its free slots: objects released to it are handed out again by
+// the next refill before any new chunk is cut, and the chunk goes back to the system when
+// every slot is free.
 //
 // Invariants:
 //   (P1) An object in `freed` or `waiting` has not been handed out since its deallocate().
@@ -26,9 +28,24 @@
 //        mode skips the wait and is unsafe for readers).
 //   (P3) A cache's lists are touched only by the thread holding it (held == true).
 //   (P4) A magazine in a depot slot is owned by the slot; it moves out by one exchange.
-//   (P5) chunk.released counts objects carved from the chunk and released; it reaches
-//        chunk.capacity exactly once, and that releaser frees the chunk. Any other releaser
-//        touches the chunk only before its fetch_add (the chunk may be gone right after).
+//   (P5) A chunk's free-slot bitmap and free_slots, and the pool's lists of chunks with
+//        free slots (partial_head, partial_chunks) and of chunks with no slot in use
+//        (emptied), change only under the pool's chunk lock. A slot is in exactly one place:
+//        uncarved (at or past cache.carved of the cache carving the chunk, or on the
+//        deferred chunk stack), handed out, in a magazine, on the deferred object stack, or
+//        free (its bit set; free_slots counts the bits). A chunk is on the partial list iff
+//        0 < free_slots < capacity; at capacity it moves to `emptied`, and the holder frees
+//        it after unlocking. Only objects past their grace period (from a ready magazine, a
+//        retire() deleter, or never handed out) are released, so a free slot may be handed
+//        out at once (P2). The lock is only ever tried. It holds the fork generation it was
+//        taken under: the child of a fork() takes over a lock a thread of the parent held
+//        and rebuilds free_slots and the lists from the bitmaps.
+//   (P6) A release that finds the chunk lock held is deferred to the holder: objects onto
+//        the deferred object stack, linked through their first word (they are free and past
+//        their grace period: nobody reads them), an uncarved tail as its chunk onto the
+//        deferred chunk stack. Pushes are CASes; the holder takes each stack whole (no ABA)
+//        and frees its slots before it unlocks, and looks again after (A5), for at most
+//        kDeferredPasses passes; what is left then is the idle trim's.
 //
 // Ordering guarantees:
 //   (A1) Acquire exchange(true) on cache.held takes the cache with every change its previous
@@ -37,14 +54,21 @@
 //   (A3) Release CAS of a magazine into a depot slot publishes its contents; pairs with the
 //        Acquire exchange that takes it (A4).
 //   (A4) Acquire exchange(nullptr) on a depot slot.
-//   (A5) AcqRel fetch_add on chunk.released: the last releaser sees every other release
-//        before freeing the chunk.
+//   (A5) The Acquire CAS that takes the chunk lock sees the bitmaps and the partial list
+//        as the previous holder left them; pairs with the store that ended that hold. The
+//        deferred stacks: CAS push, Acquire exchange take-all. A pusher then tries the lock,
+//        and a holder looks at the stacks after its unlock: the push, the pusher's load of
+//        the lock, the unlock and the holder's loads are SeqCst (Dekker), so one of the two
+//        frees the pushed slots.
+//   (A6) Release store of a new chunk into its record (after its header and cleared
+//        bitmap); pairs with the Acquire load of the repair after a fork().
 //
 // Progress guarantees: allocate() and deallocate() never wait for another thread. A thread
 // that finds its CPU's cache held tries the other caches once each, then takes the lock-free
-// fallback (a fresh chunk, or retire() for a free). The slow paths may call the system
-// allocator and, on the caller-driven grace-period path, synchronize() outside any read
-// section.
+// fallback (a chunk's free slots or a new chunk, or retire() for a free). The chunk lock is
+// only ever tried: a refill that finds it held cuts a new chunk, a release defers (P6). The
+// slow paths may call the system allocator and, on the caller-driven grace-period path,
+// synchronize() outside any read section.
 #pragma once
 
 #include <atomic>
@@ -127,9 +151,15 @@ struct alignas(64) pool_cache {
   std::uint32_t magazines_freed_without_allocating = 0;  // ... and for how long it has not
   std::atomic<std::uint64_t> reused{0};
   std::atomic<std::uint64_t> fresh{0};
+  std::atomic<std::uint64_t> reused_from_chunks{0};
   std::atomic<std::uint64_t> ready_gauge{0};    // refreshed on slow paths
   std::atomic<std::uint64_t> waiting_gauge{0};  // refreshed on slow paths
 };
+
+// Test seam: when set, every pool calls it at the end of each hold of its chunk lock, still
+// holding the lock (tests/alloc/object_pool_chunk_lock_test.cc parks a thread there).
+// Relaxed: set before the threads that call it start.
+extern std::atomic<void (*)()> chunk_lock_held_hook;
 
 inline void bump(std::atomic<std::uint64_t>& counter, std::uint64_t by = 1) noexcept {
   // Relaxed load + store: only the cache holder writes the counter (P3).

@@ -1,0 +1,183 @@
+// grace::object_pool's chunk lock (alloc/include/grace/alloc/detail/magazine.h, (P5)/(P6)):
+// a thread parked while holding it (through the detail::chunk_lock_held_hook test seam)
+// shows that releases made meanwhile are deferred to it and freed when it lets go, and that
+// the child of a fork() taken while a thread of the parent held it takes the lock over
+// instead of deferring to a thread it does not have.
+//
+// Fork conventions as in tests/map/hash_map_fork_test.cc: the child runs a function whose
+// int result is its exit code (0 = passed; each failure prints a line and has its own code)
+// and ends with _exit(); alarm() turns a hang in the child into SIGALRM.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "grace/alloc/object_pool.h"
+#include "grace/reclaim/domain.h"
+#include "tests/alloc/object_pool_testing.h"
+#include "tests/testing/testing.h"
+
+namespace {
+
+namespace gt = grace::testing;
+namespace ga = grace::testing::alloc;
+using namespace std::chrono_literals;
+using ga::describe;
+
+constexpr std::size_t kObjectSize = 1024;  // 63 a chunk
+constexpr std::size_t kPerChunk = 63;
+
+// Small magazines, no grace period run by deallocating threads: a few hundred objects go
+// through every stage, and a shed reaches the chunks within a round.
+grace::pool_options small_pool() {
+  grace::pool_options o;
+  o.low_watermark = 0;
+  o.high_watermark = 4;
+  o.batch = 4;
+  o.caller_gp_threshold = 0;
+  return o;
+}
+
+// The hook parks the thread that set tl_parks, once per arming, while it holds the lock.
+std::atomic<bool> park_armed{false};
+std::atomic<bool> parked{false};
+std::atomic<bool> unpark{false};
+thread_local bool tl_parks = false;
+
+void park_while_holding_the_chunk_lock() {
+  // SeqCst throughout: test signalling, not on any measured path.
+  if (!tl_parks || !park_armed.exchange(false)) return;
+  parked.store(true);
+  while (!unpark.load()) std::this_thread::sleep_for(1ms);
+}
+
+class ObjectPoolChunkLock : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    park_armed.store(false);
+    parked.store(false);
+    unpark.store(false);
+    // Relaxed: set before the threads that call it start.
+    grace::detail::chunk_lock_held_hook.store(&park_while_holding_the_chunk_lock,
+                                              std::memory_order_relaxed);
+  }
+  void TearDown() override {
+    grace::detail::chunk_lock_held_hook.store(nullptr, std::memory_order_relaxed);
+  }
+};
+
+// Allocates n objects, frees all but 4, waits for a grace period, frees the last 4: the
+// slow path of those frees promotes what waited and sheds the surplus to its chunks.
+void churn_round(grace::object_pool& pool, grace::domain& d, std::size_t n) {
+  std::vector<void*> objects(n);
+  for (void*& p : objects) p = pool.allocate();
+  for (std::size_t i = 0; i + 4 < n; ++i) pool.deallocate(objects[i]);
+  d.synchronize();
+  for (std::size_t i = n - 4; i < n; ++i) pool.deallocate(objects[i]);
+}
+
+// Starts a thread that fills 30 chunks and, with the hook armed, frees them: it parks at its
+// first hold of the chunk lock. Returns once it is parked (or fails the test).
+std::thread park_a_holder(grace::object_pool& pool, grace::domain& d) {
+  std::thread holder([&] {
+    tl_parks = true;
+    std::vector<void*> objects(30 * kPerChunk);
+    for (void*& p : objects) p = pool.allocate();
+    park_armed.store(true);
+    for (std::size_t i = 0; i + 4 < objects.size(); ++i) pool.deallocate(objects[i]);
+    d.synchronize();
+    for (std::size_t i = objects.size() - 4; i < objects.size(); ++i) {
+      pool.deallocate(objects[i]);
+    }
+  });
+  EXPECT_TRUE(gt::eventually([] { return parked.load(); }, 30s))
+      << "the thread never held the chunk lock";
+  return holder;
+}
+
+TEST_F(ObjectPoolChunkLock, ReleasesMadeWhileAnotherThreadHoldsItAreFreedWhenItLetsGo) {
+  grace::domain d;  // its drain timer runs the idle trim
+  grace::object_pool pool(kObjectSize, small_pool(), d);
+  std::thread holder = park_a_holder(pool, d);
+  // Every release now finds the lock held and is deferred to the parked thread.
+  for (int round = 0; round < 10; ++round) churn_round(pool, d, 10 * kPerChunk);
+  const grace::pool_stats during = pool.stats();
+  unpark.store(true);
+  holder.join();
+  // With the holder gone, nothing may stay deferred: the trim and every later hold free
+  // what is left, down to the few objects the caches keep (1 chunk per cache at most, plus
+  // the chunk each is cutting).
+  const std::size_t bound = 2 * grace::detail::cpu_shard_count();
+  grace::pool_stats s;
+  EXPECT_TRUE(gt::eventually(
+      [&] {
+        s = pool.stats();
+        return s.chunks <= bound;
+      },
+      10s))
+      << "chunks stayed held: " << s.chunks << " (bound " << bound << "; " << during.chunks
+      << " while the lock was held): " << describe(s);
+  EXPECT_EQ(s.allocated, s.deallocated) << describe(s);
+}
+
+// Compiled without TSan only: the child starts threads (its domain's engine), which GCC 12's
+// libtsan does not support in the child of a multithreaded process.
+#if !GRACE_TESTING_TSAN
+grace::domain_options quiet() {
+  grace::domain_options o;
+  o.drain_interval = 10s;  // the drain timer never fires
+  return o;
+}
+
+// In the child: prints what failed and returns `code`.
+int child_failure(int code, const char* what, const grace::pool_stats& s) {
+  std::fprintf(stderr, "child: %s: %s\n", what, describe(s).c_str());
+  return code;
+}
+
+int child_keeps_reusing_chunks(std::unique_ptr<grace::object_pool> pool, grace::domain& d) {
+  alarm(60);
+  const grace::pool_stats before = pool->stats();
+  for (int round = 0; round < 20; ++round) churn_round(*pool, d, 1000);
+  const grace::pool_stats after = pool->stats();
+  if (after.reused_from_chunks == before.reused_from_chunks) {
+    return child_failure(2, "no free slot of a chunk was handed out again", after);
+  }
+  // One round needs 16 chunks; deferring to the parent's thread instead cut ~14 a round.
+  if (after.chunks > before.chunks + 1000 / kPerChunk + 2) {
+    return child_failure(3, "the chunks kept growing", after);
+  }
+  // The parked thread's objects are allocated in this process for ever.
+  pool->forget_allocated();
+  pool.reset();
+  return 0;
+}
+
+TEST_F(ObjectPoolChunkLock, TheChildOfAForkTakesOverTheLockAThreadOfTheParentHeld) {
+  grace::domain d(quiet());
+  auto pool = std::make_unique<grace::object_pool>(kObjectSize, small_pool(), d);
+  std::thread holder = park_a_holder(*pool, d);
+  const pid_t child = fork();
+  ASSERT_NE(child, -1);
+  if (child == 0) _exit(child_keeps_reusing_chunks(std::move(pool), d));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  unpark.store(true);
+  holder.join();
+  EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child failed (its stderr says how)";
+  // The parent's pool is unaffected.
+  churn_round(*pool, d, 1000);
+  const grace::pool_stats s = pool->stats();
+  EXPECT_EQ(s.allocated, s.deallocated) << describe(s);
+}
+#endif
+
+}  // namespace
