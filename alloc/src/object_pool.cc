@@ -1,8 +1,6 @@
 // grace::object_pool: construction, destruction and the slow paths.
 #include "grace/alloc/object_pool.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <chrono>
 #include <bit>
@@ -15,6 +13,8 @@
 #include <string>
 #include <thread>
 #include <utility>
+
+#include "grace/reclaim/detail/fork.h"
 
 namespace grace::detail {
 
@@ -29,27 +29,12 @@ inline constexpr std::size_t kMinStride = sizeof(void*);
 // chunk at the largest sizes, once the bitmap and the alignment take their share).
 inline constexpr std::size_t kMaxObjectSize = (kChunkBytes - kChunkHeaderBytes) / 4;
 // Passes of unlock_chunks() over what other threads deferred before it leaves the rest to
-// the idle trim: a holder does a bounded amount of other threads' work.
+// the next holder or the idle trim: a holder does a bounded amount of other threads' work.
 inline constexpr unsigned kDeferredPasses = 4;
-
-// Bumped in the child of every fork(), before any other thread exists there. A chunk lock
-// held under an older generation was held by a thread that does not exist in this process.
-// Relaxed: written by the child's only thread; threads created later are ordered after it.
-constinit std::atomic<std::uint32_t> fork_generation{0};
+// The chunk lock's value while held: the fork generation it was taken under, tagged.
+inline constexpr std::uint32_t kGenerationMask = 0x7fffffff;
 
 constinit std::atomic<void (*)()> chunk_lock_held_hook{nullptr};
-
-void count_fork_in_child() noexcept {
-  fork_generation.store(fork_generation.load(std::memory_order_relaxed) + 1,
-                        std::memory_order_relaxed);
-}
-
-// Installs count_fork_in_child() once per process; throws std::bad_alloc if pthread_atfork()
-// has no memory for it.
-void install_fork_counter() {
-  static const int result = pthread_atfork(nullptr, nullptr, &count_fork_in_child);
-  if (result != 0) throw std::bad_alloc();
-}
 inline constexpr unsigned kDepotSlotsPerCache = 16;
 // Magazines a cache fills in a row without allocating before it counts as a consumer.
 inline constexpr std::uint32_t kConsumerMagazines = 4;
@@ -272,26 +257,30 @@ struct pool_core {
   // --- the chunk lock (P5) and deferred releases (P6) ----------------------------------------
 
   bool try_lock_chunks() noexcept {
-    const std::uint32_t mine =
-        (fork_generation.load(std::memory_order_relaxed) << 1) | std::uint32_t{1};
+    const std::uint32_t generation = fork_generation() & kGenerationMask;
+    const std::uint32_t mine = (generation << 1) | std::uint32_t{1};
     // SeqCst (Dekker, A5): after a push onto a deferred stack, either this load sees the
     // holder's unlock, or the holder's look at the stacks after that unlock sees the push.
     std::uint32_t seen = chunk_lock.load(std::memory_order_seq_cst);
-    if (seen == mine) return false;
+    // Held under an older fork generation (by a thread of a parent, absent here), it is
+    // taken over; held under this one (or, from a stale reading, a newer one), it is busy.
+    const std::uint32_t age = (generation - (seen >> 1)) & kGenerationMask;
+    if (seen != 0 && (age == 0 || age > kGenerationMask / 2)) return false;
     // Acquire (A5): the previous holder's changes to bitmaps and the partial list; pairs
-    // with the Release store in unlock_chunks().
+    // with the store in unlock_chunks().
     if (!chunk_lock.compare_exchange_strong(seen, mine, std::memory_order_acquire,
                                             std::memory_order_relaxed)) {
       return false;
     }
-    // Held under an older fork generation: the holder is a parent's thread, absent here.
     if (seen != 0) repair_chunks_after_fork();
     return true;
   }
 
   // Releases what other threads deferred to the holder (P6), then the lock, then frees the
   // chunks left with no object in use. Ends with the deferred stacks empty or another holder
-  // in charge of them, except after kDeferredPasses, when the idle trim takes over.
+  // in charge of them, except after kDeferredPasses: the rest then waits for the next holder,
+  // and the callers' anything_deferred() checks schedule the idle trim for it once they hold
+  // no cache.
   void unlock_chunks() noexcept {
     for (unsigned pass = 1;; ++pass) {
       free_deferred();
@@ -306,13 +295,7 @@ struct pool_core {
         free_chunk(to_free);
         to_free = next;
       }
-      if (!anything_deferred()) return;
-      if (pass == kDeferredPasses) {
-        // Relaxed: set by the destructor, which defers nothing (it runs alone).
-        if (!destroying.load(std::memory_order_relaxed)) schedule_trim();
-        return;
-      }
-      if (!try_lock_chunks()) return;
+      if (!anything_deferred() || pass == kDeferredPasses || !try_lock_chunks()) return;
     }
   }
 
@@ -426,6 +409,9 @@ struct pool_core {
       const std::uint32_t in_word = std::min<std::uint32_t>(64 - slot % 64, c->capacity - slot);
       const std::uint64_t mask =
           (in_word == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << in_word) - 1) << (slot % 64);
+      if ((bits[slot / 64] & mask) != 0) {
+        die_on_bad_release(object_at(c, slot), "was released before it was ever handed out");
+      }
       bits[slot / 64] |= mask;
       slot += in_word;
     }
@@ -478,6 +464,13 @@ struct pool_core {
           --c->free_slots;
         }
       }
+      if (c->free_slots != 0 && taken < want) {
+        std::fprintf(stderr,
+                     "grace::object_pool: chunk %p counts more free slots than its bitmap "
+                     "holds: memory was corrupted.\n",
+                     static_cast<void*>(c));
+        std::abort();
+      }
       if (c->free_slots == 0) unlink_partial(c);
     }
     return taken;
@@ -510,6 +503,7 @@ struct pool_core {
     pool_core* core = chunk_of(object)->core;
     core->returned.fetch_add(1, std::memory_order_relaxed);
     core->release_to_chunks([&](auto&& release) { release(object); });
+    core->trim_if_deferred();
   }
 
   // --- magazines ----------------------------------------------------------------------------
@@ -567,6 +561,7 @@ struct pool_core {
     pool_core* core = chunk_of(m->objects()[0])->core;
     core->release_objects(m);
     core->free_magazine(m);
+    core->trim_if_deferred();
   }
 
   bool to_depot(magazine* m) noexcept {
@@ -703,6 +698,7 @@ struct pool_core {
         free_magazine(spare);
       }
     }
+    trim_if_deferred();
     return object;
   }
 
@@ -794,9 +790,15 @@ struct pool_core {
     }
   }
 
-  // Whether the idle trim has anything to look at in this cache.
+  // Whether the idle trim has anything to look at in this cache, or in the deferred stacks
+  // a chunk lock holder left after kDeferredPasses.
   bool needs_trim(const pool_cache& cache) const noexcept {
-    return ready_objects(cache) > high || waiting_objects(cache) != 0;
+    return ready_objects(cache) > high || waiting_objects(cache) != 0 || anything_deferred();
+  }
+
+  // For releases made outside any cache hold (deleters, the all-caches-held fallback).
+  void trim_if_deferred() noexcept {
+    if (anything_deferred()) schedule_trim();
   }
 
   // The idle trim: a cache that allocated nothing since the last pass sheds its ready
@@ -805,9 +807,11 @@ struct pool_core {
   // pass at a time, run by the domain's worker after a grace period, at most every
   // kTrimInterval; it reschedules itself while anything is left to trim.
   void schedule_trim() noexcept {
-    // Relaxed: the flag only limits passes in flight to one; retire() orders the pass.
-    if (trim_scheduled.load(std::memory_order_relaxed) ||
-        trim_scheduled.exchange(true, std::memory_order_relaxed)) {
+    // SeqCst: the flag limits passes in flight to one (retire() orders the pass itself). A
+    // caller that found something deferred and reads `true` here is ordered before the
+    // pass's SeqCst store(false), so that pass's look at the stacks sees it.
+    if (trim_scheduled.load(std::memory_order_seq_cst) ||
+        trim_scheduled.exchange(true, std::memory_order_seq_cst)) {
       return;
     }
     reclamation.defer_housekeeping(&pool_core::trim_pass, this);
@@ -953,7 +957,6 @@ object_pool::object_pool(std::size_t object_size, pool_options options, domain& 
       domain_(reclamation),
       caches_(std::make_unique<detail::pool_cache[]>(detail::cpu_shard_count())),
       cache_mask_(detail::cpu_shard_count() - 1) {
-  detail::install_fork_counter();
   const std::size_t stride =
       detail::round_up(std::max(object_size_, detail::kMinStride), options_.alignment);
   core_ = std::make_unique<detail::pool_core>(

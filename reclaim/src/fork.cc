@@ -61,6 +61,7 @@
 #include <new>
 
 #include "fork_internal.h"
+#include "grace/reclaim/detail/fork.h"
 #include "futex_internal.h"
 #include "reclaim_engine_internal.h"
 
@@ -90,6 +91,11 @@ void open_gate(std::atomic<std::uint32_t>& gate_word) noexcept {
   gate_word.fetch_and(~kForkClosing, std::memory_order_release);
   futex_wake_all(gate_word);
 }
+
+// --- the fork generation (detail/fork.h) ------------------------------------------------------
+// Relaxed: written only by a child's sole thread, before it starts any other; threads are
+// ordered after their creation.
+constinit std::atomic<std::uint32_t> process_fork_generation{0};
 
 // --- the engine list --------------------------------------------------------------------------
 // Held from prepare to the parent's or the child's handler, so engines neither come nor go
@@ -148,6 +154,9 @@ void parent_after_fork() noexcept {
 }
 
 void child_after_fork() noexcept {
+  // Relaxed: see process_fork_generation. First, before any thread starts.
+  process_fork_generation.store(process_fork_generation.load(std::memory_order_relaxed) + 1,
+                                std::memory_order_relaxed);
   // This thread is the only one. The gates were closed by this thread with nobody inside.
   // Relaxed: no other thread exists to observe them.
   gp_gate_word.store(0, std::memory_order_relaxed);
@@ -187,6 +196,11 @@ batch_node* drop_barrier_markers(batch_node* chain) noexcept {
 }
 
 }  // namespace
+
+std::uint32_t fork_generation() noexcept {
+  // Relaxed: see process_fork_generation.
+  return process_fork_generation.load(std::memory_order_relaxed);
+}
 
 int install_fork_handlers() noexcept {
   static const int result = pthread_atfork(&prepare_fork, &parent_after_fork, &child_after_fork);

@@ -8,6 +8,7 @@
 // int result is its exit code (0 = passed; each failure prints a line and has its own code)
 // and ends with _exit(); alarm() turns a hang in the child into SIGALRM.
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -177,6 +178,97 @@ TEST_F(ObjectPoolChunkLock, TheChildOfAForkTakesOverTheLockAThreadOfTheParentHel
   churn_round(*pool, d, 1000);
   const grace::pool_stats s = pool->stats();
   EXPECT_EQ(s.allocated, s.deallocated) << describe(s);
+}
+
+// The other way round: in the child, the domain's worker restarts (grace's fork handler) and
+// runs a deleter that takes the chunk lock; the forking thread must then find it busy, not
+// take it over as if a thread of the parent held it. Before the fork generation was bumped
+// ahead of that restart, the worker took the lock under the parent's generation and the
+// forking thread "took it over" while the worker still held it (a slot handed out twice, a
+// chunk freed twice). A pthread_atfork child handler registered after grace's (and before
+// the pool exists) retires such a deleter in the child and holds fork() back there until
+// the worker is parked inside its hold.
+std::atomic<grace::domain*> fork_domain{nullptr};
+std::atomic<int> threads_inside_the_lock{0};
+std::atomic<bool> two_inside_at_once{false};
+thread_local bool tl_worker_deleter = false;
+grace::object_pool* deleter_pool = nullptr;
+
+void count_threads_inside_the_lock() {
+  if (threads_inside_the_lock.fetch_add(1) != 0) two_inside_at_once.store(true);
+  if (tl_worker_deleter && !parked.exchange(true)) {
+    while (!unpark.load()) std::this_thread::sleep_for(1ms);
+  }
+  threads_inside_the_lock.fetch_sub(1);
+}
+
+// A retire() deleter: allocations that refill from chunks' free slots, under the lock.
+void allocate_in_a_deleter(void*) {
+  tl_worker_deleter = true;
+  for (int i = 0; i < 200; ++i) deleter_pool->allocate();  // left allocated: the child ends
+  tl_worker_deleter = false;
+}
+
+void park_the_worker_inside_the_lock() {
+  grace::domain* d = fork_domain.load();
+  if (d == nullptr) return;
+  d->retire(nullptr, &allocate_in_a_deleter);
+  for (int i = 0; i < 10'000 && !parked.load(); ++i) std::this_thread::sleep_for(1ms);
+}
+
+int child_never_takes_over_a_live_hold(grace::object_pool& pool) {
+  alarm(60);
+  if (!parked.load()) {
+    std::fprintf(stderr, "child: the worker never took the chunk lock\n");
+    return 2;
+  }
+  // The worker holds the lock under this process's generation: these find it busy.
+  std::vector<void*> objects(10 * kPerChunk);
+  for (void*& p : objects) p = pool.allocate();
+  for (void* p : objects) pool.deallocate(p);
+  unpark.store(true);
+  if (two_inside_at_once.load()) {
+    std::fprintf(stderr, "child: two threads held the chunk lock at once\n");
+    return 3;
+  }
+  return 0;
+}
+
+TEST_F(ObjectPoolChunkLock, TheChildNeverTakesOverALockItsOwnRestartedWorkerHolds) {
+  grace::domain_options options;
+  options.drain_interval = 5ms;
+  grace::domain d(options);  // installs grace's fork handlers: ours runs after them
+  static const int registered =
+      pthread_atfork(nullptr, nullptr, &park_the_worker_inside_the_lock);
+  ASSERT_EQ(registered, 0);
+  grace::object_pool pool(kObjectSize, small_pool(), d);
+  deleter_pool = &pool;
+  // Chunks with free slots: every other object of 20 chunks freed, then shed to them.
+  std::vector<void*> objects(20 * kPerChunk);
+  for (void*& p : objects) p = pool.allocate();
+  std::vector<void*> kept;
+  for (std::size_t i = 0; i < objects.size(); ++i) {
+    if (i % 2 == 0) {
+      pool.deallocate(objects[i]);
+    } else {
+      kept.push_back(objects[i]);
+    }
+  }
+  d.synchronize();
+  for (int i = 0; i < 8; ++i) pool.deallocate(pool.allocate());
+  grace::detail::chunk_lock_held_hook.store(&count_threads_inside_the_lock,
+                                            std::memory_order_relaxed);
+  fork_domain.store(&d);
+  const pid_t child = fork();
+  ASSERT_NE(child, -1);
+  if (child == 0) _exit(child_never_takes_over_a_live_hold(pool));
+  fork_domain.store(nullptr);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child failed (its stderr says how)";
+  grace::detail::chunk_lock_held_hook.store(nullptr, std::memory_order_relaxed);
+  for (void* p : kept) pool.deallocate(p);
 }
 #endif
 

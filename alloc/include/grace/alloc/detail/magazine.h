@@ -32,20 +32,24 @@
 //        free slots (partial_head, partial_chunks) and of chunks with no slot in use
 //        (emptied), change only under the pool's chunk lock. A slot is in exactly one place:
 //        uncarved (at or past cache.carved of the cache carving the chunk, or on the
-//        deferred chunk stack), handed out, in a magazine, on the deferred object stack, or
-//        free (its bit set; free_slots counts the bits). A chunk is on the partial list iff
+//        deferred chunk stack), handed out, in a magazine, on the deferred object stack, in
+//        the hands of the holder that took that stack, or free (its bit set; free_slots
+//        counts the bits). A chunk is on the partial list iff
 //        0 < free_slots < capacity; at capacity it moves to `emptied`, and the holder frees
 //        it after unlocking. Only objects past their grace period (from a ready magazine, a
 //        retire() deleter, or never handed out) are released, so a free slot may be handed
 //        out at once (P2). The lock is only ever tried. It holds the fork generation it was
-//        taken under: the child of a fork() takes over a lock a thread of the parent held
-//        and rebuilds free_slots and the lists from the bitmaps.
+//        taken under (grace/reclaim/detail/fork.h, bumped in the child before grace starts
+//        any thread there): a thread that finds it held under an older generation takes it
+//        over (the holder was a thread of a parent) and rebuilds free_slots and the lists
+//        from the bitmaps.
 //   (P6) A release that finds the chunk lock held is deferred to the holder: objects onto
 //        the deferred object stack, linked through their first word (they are free and past
 //        their grace period: nobody reads them), an uncarved tail as its chunk onto the
 //        deferred chunk stack. Pushes are CASes; the holder takes each stack whole (no ABA)
 //        and frees its slots before it unlocks, and looks again after (A5), for at most
-//        kDeferredPasses passes; what is left then is the idle trim's.
+//        kDeferredPasses passes; what is left then waits for the next holder, and whoever
+//        sees it once it holds no cache schedules the idle trim, which takes the lock.
 //
 // Ordering guarantees:
 //   (A1) Acquire exchange(true) on cache.held takes the cache with every change its previous
@@ -61,7 +65,8 @@
 //        the lock, the unlock and the holder's loads are SeqCst (Dekker), so one of the two
 //        frees the pushed slots.
 //   (A6) Release store of a new chunk into its record (after its header and cleared
-//        bitmap); pairs with the Acquire load of the repair after a fork().
+//        bitmap); pairs with the Acquire load in the repair after a fork(), which may run
+//        while another thread of the child cuts a chunk.
 //
 // Progress guarantees: allocate() and deallocate() never wait for another thread. A thread
 // that finds its CPU's cache held tries the other caches once each, then takes the lock-free
