@@ -324,7 +324,8 @@ class grace_stats_probe<grace_map> {
         stderr,
         "# grace use_case=%s keys=%llu: size=%llu buckets=%llu grows=+%llu "
         "shrinks=+%llu grace_periods=+%llu pool: allocated=+%llu fresh=+%llu "
-        "reused_after_gp=+%llu waiting_for_gp=%llu held_mib=%.2f peak_held_mib=%.2f\n",
+        "reused_from_chunks=+%llu reused_after_gp=+%llu waiting_for_gp=%llu held_mib=%.2f "
+        "peak_held_mib=%.2f\n",
         use_case_, static_cast<unsigned long long>(keys_),
         static_cast<unsigned long long>(after.size), static_cast<unsigned long long>(after.buckets),
         static_cast<unsigned long long>(after.grows - before_.grows),
@@ -333,6 +334,8 @@ class grace_stats_probe<grace_map> {
                                         before_.reclamation.grace_periods),
         static_cast<unsigned long long>(after.pool.allocated - before_.pool.allocated),
         static_cast<unsigned long long>(after.pool.fresh - before_.pool.fresh),
+        static_cast<unsigned long long>(after.pool.reused_from_chunks -
+                                        before_.pool.reused_from_chunks),
         static_cast<unsigned long long>(after.pool.reused_after_gp - before_.pool.reused_after_gp),
         static_cast<unsigned long long>(after.pool.waiting_for_gp),
         mib(static_cast<double>(after.pool.held_bytes)),

@@ -312,8 +312,9 @@ TEST(ObjectPool, StatsCountAllocationsFreshObjectsReuseAndChunks) {
   options.caller_gp_threshold = 0;
   grace::object_pool pool(64, options, d);
   const grace::pool_stats empty = pool.stats();
-  EXPECT_EQ(empty.allocated + empty.deallocated + empty.fresh + empty.reused_after_gp +
-                empty.returned_to_system + empty.held_bytes + empty.peak_held_bytes + empty.chunks,
+  EXPECT_EQ(empty.allocated + empty.deallocated + empty.fresh + empty.reused_from_chunks +
+                empty.reused_after_gp + empty.returned_to_system + empty.held_bytes +
+                empty.peak_held_bytes + empty.chunks,
             0u);
 
   constexpr std::size_t kObjects = 20;

@@ -154,6 +154,7 @@ class reuse_oracle {
 inline std::string describe(const grace::pool_stats& s) {
   return "allocated=" + std::to_string(s.allocated) + " deallocated=" +
          std::to_string(s.deallocated) + " fresh=" + std::to_string(s.fresh) +
+         " reused_from_chunks=" + std::to_string(s.reused_from_chunks) +
          " reused_after_gp=" + std::to_string(s.reused_after_gp) + " returned_to_system=" +
          std::to_string(s.returned_to_system) + " ready=" + std::to_string(s.ready) +
          " waiting_for_gp=" + std::to_string(s.waiting_for_gp) + " held_bytes=" +
