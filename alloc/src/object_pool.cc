@@ -130,8 +130,10 @@ struct pool_core {
   // uncarved tails.
   std::atomic<void*> deferred_objects{nullptr};
   std::atomic<chunk*> deferred_chunks{nullptr};
-  std::atomic<bool> trim_scheduled{false};
-  std::atomic<bool> trim_running{false};
+  // 0, or set: generation_tag() of the process that set it. One left set by a fork()'s copy
+  // (a pass that was never queued, or ran on a thread absent here) counts as clear.
+  std::atomic<std::uint32_t> trim_scheduled{0};
+  std::atomic<std::uint32_t> trim_running{0};
   std::atomic<bool> destroying{false};
   std::atomic<bool> forget_allocated{false};
   // Relaxed: the trim pass compares it between passes to tell whether the depot is in use.
@@ -258,7 +260,7 @@ struct pool_core {
 
   bool try_lock_chunks() noexcept {
     const std::uint32_t generation = fork_generation() & kGenerationMask;
-    const std::uint32_t mine = (generation << 1) | std::uint32_t{1};
+    const std::uint32_t mine = generation_tag();
     // SeqCst (Dekker, A5): after a push onto a deferred stack, either this load sees the
     // holder's unlock, or the holder's look at the stacks after that unlock sees the push.
     std::uint32_t seen = chunk_lock.load(std::memory_order_seq_cst);
@@ -671,6 +673,7 @@ struct pool_core {
       chunk* c = new_chunk();
       if (c == nullptr) {
         if (spare != nullptr) free_magazine(spare);
+        trim_if_deferred();
         throw std::bad_alloc();
       }
       object = object_at(c, 0);
@@ -807,14 +810,21 @@ struct pool_core {
   // pass at a time, run by the domain's worker after a grace period, at most every
   // kTrimInterval; it reschedules itself while anything is left to trim.
   void schedule_trim() noexcept {
+    const std::uint32_t tag = generation_tag();
     // SeqCst: the flag limits passes in flight to one (retire() orders the pass itself). A
-    // caller that found something deferred and reads `true` here is ordered before the
-    // pass's SeqCst store(false), so that pass's look at the stacks sees it.
-    if (trim_scheduled.load(std::memory_order_seq_cst) ||
-        trim_scheduled.exchange(true, std::memory_order_seq_cst)) {
-      return;
-    }
+    // caller that found something deferred and reads it set here is ordered before the
+    // pass's SeqCst store(0), so that pass's look at the stacks sees it.
+    std::uint32_t seen = trim_scheduled.load(std::memory_order_seq_cst);
+    do {
+      if (seen == tag) return;
+    } while (!trim_scheduled.compare_exchange_weak(seen, tag, std::memory_order_seq_cst,
+                                                   std::memory_order_seq_cst));
     reclamation.defer_housekeeping(&pool_core::trim_pass, this);
+  }
+
+  // The value of a flag set in this process: its fork generation, tagged (never 0).
+  static std::uint32_t generation_tag() noexcept {
+    return ((fork_generation() & kGenerationMask) << 1) | std::uint32_t{1};
   }
 
   // With no memory for a retire block, retire() runs the pass synchronously, on this thread;
@@ -825,15 +835,15 @@ struct pool_core {
     auto* core = static_cast<pool_core*>(pointer);
     // SeqCst: a Dekker pair with the destructor's destroying store and its loads of these
     // flags: either this pass sees destroying, or the destructor sees it running.
-    core->trim_running.store(true, std::memory_order_seq_cst);
-    core->trim_scheduled.store(false, std::memory_order_seq_cst);
+    core->trim_running.store(generation_tag(), std::memory_order_seq_cst);
+    core->trim_scheduled.store(0, std::memory_order_seq_cst);
     if (!core->destroying.load(std::memory_order_seq_cst) && !tls_in_trim_pass) {
       tls_in_trim_pass = true;
       core->trim(std::chrono::steady_clock::now());
       tls_in_trim_pass = false;
     }
     // Release: the pass's last touch of the pool; pairs with the destructor's Acquire load.
-    core->trim_running.store(false, std::memory_order_release);
+    core->trim_running.store(0, std::memory_order_release);
   }
 
   void trim(std::chrono::steady_clock::time_point now) noexcept {
@@ -976,8 +986,9 @@ object_pool::~object_pool() {
   domain_.barrier();
   // A pass that was already running may have rescheduled itself (defer_housekeeping() is
   // not chased by barrier()): wait for it too. Acquire: pairs with the pass's Release store.
-  while (core.trim_scheduled.load(std::memory_order_seq_cst) ||
-         core.trim_running.load(std::memory_order_acquire)) {
+  const std::uint32_t here = detail::pool_core::generation_tag();
+  while (core.trim_scheduled.load(std::memory_order_seq_cst) == here ||
+         core.trim_running.load(std::memory_order_acquire) == here) {
     domain_.barrier();
   }
   // What other threads deferred to a chunk lock holder, and, in the child of a fork(), the
@@ -1053,6 +1064,7 @@ void* object_pool::allocate_slow(detail::pool_cache& cache) {
     if (!core.refill_fresh(cache)) {
       core.update_gauges(cache);
       release_hold(cache);
+      core.trim_if_deferred();
       throw std::bad_alloc();
     }
   }
@@ -1141,6 +1153,7 @@ void* object_pool::allocate_contended_slow(unsigned home) {
   void* object = core.allocate_from_depot();
   if (object != nullptr) {
     detail::asan_unpoison(object, object_size_);
+    core.trim_if_deferred();  // it may have released a magazine
   } else {
     object = core.allocate_from_chunks();  // may throw std::bad_alloc: not counted
   }

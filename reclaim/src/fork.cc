@@ -93,8 +93,9 @@ void open_gate(std::atomic<std::uint32_t>& gate_word) noexcept {
 }
 
 // --- the fork generation (detail/fork.h) ------------------------------------------------------
-// Relaxed: written only by a child's sole thread, before it starts any other; threads are
-// ordered after their creation.
+// Relaxed: written by the child's handler before it starts grace's threads, which (like any
+// thread created later) are ordered after their creation. See detail/fork.h for threads
+// that other libraries' earlier handlers start.
 constinit std::atomic<std::uint32_t> process_fork_generation{0};
 
 // --- the engine list --------------------------------------------------------------------------

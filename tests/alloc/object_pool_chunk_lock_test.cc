@@ -46,6 +46,11 @@ grace::pool_options small_pool() {
   return o;
 }
 
+// Objects the depot can take (16 magazines a cache): frees beyond them reach the chunks.
+std::size_t depot_objects() {
+  return 16 * grace::detail::cpu_shard_count() * small_pool().batch;
+}
+
 // The hook parks the thread that set tl_parks, once per arming, while it holds the lock.
 std::atomic<bool> park_armed{false};
 std::atomic<bool> parked{false};
@@ -89,7 +94,7 @@ void churn_round(grace::object_pool& pool, grace::domain& d, std::size_t n) {
 std::thread park_a_holder(grace::object_pool& pool, grace::domain& d) {
   std::thread holder([&] {
     tl_parks = true;
-    std::vector<void*> objects(30 * kPerChunk);
+    std::vector<void*> objects(std::max<std::size_t>(30 * kPerChunk, 2 * depot_objects()));
     for (void*& p : objects) p = pool.allocate();
     park_armed.store(true);
     for (std::size_t i = 0; i + 4 < objects.size(); ++i) pool.deallocate(objects[i]);
@@ -205,7 +210,11 @@ void count_threads_inside_the_lock() {
 // A retire() deleter: allocations that refill from chunks' free slots, under the lock.
 void allocate_in_a_deleter(void*) {
   tl_worker_deleter = true;
-  for (int i = 0; i < 200; ++i) deleter_pool->allocate();  // left allocated: the child ends
+  // Past what the caches and the depot hold, so a refill reaches the chunks. Left
+  // allocated: the child ends.
+  for (std::size_t i = 0; i < depot_objects() + 200 && !parked.load(); ++i) {
+    deleter_pool->allocate();
+  }
   tl_worker_deleter = false;
 }
 
@@ -222,11 +231,18 @@ int child_never_takes_over_a_live_hold(grace::object_pool& pool) {
     std::fprintf(stderr, "child: the worker never took the chunk lock\n");
     return 2;
   }
-  // The worker holds the lock under this process's generation: these find it busy.
-  std::vector<void*> objects(10 * kPerChunk);
+  // The worker holds the lock under this process's generation: these find it busy, so
+  // their refills cut new chunks and their releases are deferred to the worker.
+  const grace::pool_stats before = pool.stats();
+  std::vector<void*> objects(depot_objects() + 10 * kPerChunk);
   for (void*& p : objects) p = pool.allocate();
   for (void* p : objects) pool.deallocate(p);
+  const grace::pool_stats after = pool.stats();
   unpark.store(true);
+  if (after.fresh == before.fresh) {
+    std::fprintf(stderr, "child: the forking thread never reached the chunks\n");
+    return 4;
+  }
   if (two_inside_at_once.load()) {
     std::fprintf(stderr, "child: two threads held the chunk lock at once\n");
     return 3;
@@ -258,11 +274,17 @@ TEST_F(ObjectPoolChunkLock, TheChildNeverTakesOverALockItsOwnRestartedWorkerHold
   for (int i = 0; i < 8; ++i) pool.deallocate(pool.allocate());
   grace::detail::chunk_lock_held_hook.store(&count_threads_inside_the_lock,
                                             std::memory_order_relaxed);
-  fork_domain.store(&d);
-  const pid_t child = fork();
+  struct arm_the_handler {
+    explicit arm_the_handler(grace::domain& d) { fork_domain.store(&d); }
+    ~arm_the_handler() { fork_domain.store(nullptr); }
+  };
+  pid_t child;
+  {
+    const arm_the_handler armed(d);
+    child = fork();
+    if (child == 0) _exit(child_never_takes_over_a_live_hold(pool));
+  }
   ASSERT_NE(child, -1);
-  if (child == 0) _exit(child_never_takes_over_a_live_hold(pool));
-  fork_domain.store(nullptr);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);

@@ -2,9 +2,12 @@
 //
 // The process's fork generation: how many fork()s lie between this process and the one that
 // first used grace. grace's pthread_atfork child handler (reclaim/src/fork.cc) bumps it
-// before the child has any other thread, so every thread of the child reads the new value.
-// A layer above uses it to recognise state that a thread of the parent held at the copy
-// (alloc/'s chunk lock). Meaningful once a domain exists (it installs the handler).
+// first, before it restarts grace's threads or runs any deleter, so those and every thread
+// created later read the new value. (A thread that another library's child handler, run
+// before grace's, started in the child may read the old one: such a thread must not use a
+// pool until fork() has returned.) A layer above uses it to recognise state that a thread of
+// the parent held at the copy (alloc/'s chunk lock, the pool's trim flags). Meaningful once
+// a domain exists (it installs the handler).
 #pragma once
 
 #include <cstdint>
