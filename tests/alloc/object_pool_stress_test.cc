@@ -72,6 +72,67 @@ TEST(ObjectPoolStress, ManyThreadsNeverReuseBeforeAGracePeriodUnderMixedLoad) {
   }
 }
 
+// The chunk lock's holder dawdles (a yield on every 7th hold, 200 us on every 101st, through
+// the detail::chunk_lock_held_hook test seam): other threads' releases are deferred to it
+// (P6), holders drain several passes, and the idle trim takes what is left. Objects whose
+// slots were freed are handed out again from the bitmaps: the oracle fails any object handed
+// out twice or before its grace period, churn() any object whose bytes changed while held,
+// and once everything is deallocated the chunks must go back (nothing stranded).
+std::atomic<std::uint64_t> dawdling_holds{0};
+
+void dawdle_while_holding_the_chunk_lock() {
+  // Relaxed: a tally.
+  const std::uint64_t n = dawdling_holds.fetch_add(1, std::memory_order_relaxed);
+  if (n % 7 == 0) std::this_thread::yield();
+  if (n % 101 == 0) std::this_thread::sleep_for(200us);
+}
+
+TEST(ObjectPoolStress, ReleasesDeferredToASlowChunkLockHolderAreNeitherLostNorHandedOutTwice) {
+  grace::pool_options tiny;  // every few frees reach the chunks
+  tiny.low_watermark = 0;
+  tiny.high_watermark = 4;
+  tiny.batch = 4;
+  tiny.caller_gp_threshold = 0;
+  // Relaxed: set before the pools' threads start.
+  grace::detail::chunk_lock_held_hook.store(&dawdle_while_holding_the_chunk_lock,
+                                            std::memory_order_relaxed);
+  struct unhook {
+    ~unhook() { grace::detail::chunk_lock_held_hook.store(nullptr, std::memory_order_relaxed); }
+  } unhooked_at_exit;
+  // 8 bytes: the deferral link fills the slot; 24: slots straddle ASan granules; 1024: 63 a
+  // chunk, so chunks empty and go back often.
+  for (const std::size_t object_size : {std::size_t{8}, std::size_t{24}, std::size_t{1024}}) {
+    SCOPED_TRACE("object_size " + std::to_string(object_size));
+    grace::pool_options options = tiny;
+    options.alignment = 8;
+    grace::domain d;
+    grace::object_pool pool(object_size, options, d);
+    ga::reuse_oracle oracle(d);
+    gt::watchdog dog(200s, "churn with a slow chunk lock holder");
+    const std::uint64_t holds_before = dawdling_holds.load(std::memory_order_relaxed);
+    const ga::churn_totals totals =
+        ga::churn(pool, oracle,
+                  {.threads = 6, .operations = stress_iterations(150'000),
+                   .guards = ga::guards::odd_threads, .max_held = 300});
+    EXPECT_TRUE(ga::churn_accounted(pool, oracle, totals));
+    EXPECT_GT(dawdling_holds.load(std::memory_order_relaxed), holds_before + 1000)
+        << "the chunk lock was hardly taken";
+    grace::pool_stats s = pool.stats();
+    EXPECT_GT(s.reused_from_chunks, 0u) << describe(s);
+    // With every object deallocated, the idle trim sheds the caches and empties the depot,
+    // and every chunk goes back but the few the caches' watermarks keep and the ones being
+    // cut: none may stay pinned by releases left on a deferred stack.
+    const std::size_t bound = 3 * grace::detail::cpu_shard_count();
+    EXPECT_TRUE(gt::eventually(
+        [&] {
+          s = pool.stats();
+          return s.chunks <= bound;
+        },
+        10s))
+        << "chunks stayed held (bound " << bound << "): " << describe(s);
+  }
+}
+
 TEST(ObjectPoolStress, AllocationFailuresSwitchedOnAndOffUnderConcurrencyLoseNothing) {
   // Four threads churn while a fifth switches every system allocation's failure on and off;
   // allocate() throws std::bad_alloc at times, deallocate() falls back to retiring objects.
