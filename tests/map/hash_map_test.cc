@@ -1891,6 +1891,11 @@ template <class Value, class Make, class Intact>
 void check_pinned_view_survives_writers(Make make, Intact intact) {
   constexpr std::uint64_t kKeys = 256;
   grace::hash_map_options options = resize_options(1024, 1024);  // no resizes
+  // The reader waits inside its view for the writer's updates: the writer must not wait for
+  // a grace period meanwhile. By default a deallocating thread answers an overdue
+  // grace-period request itself (pool_options::caller_gp_threshold), which under TSan's
+  // slowness it did here, and both waited until the reader's 30 s ran out.
+  options.pool.caller_gp_threshold = 0;
   grace::hash_map<std::uint64_t, Value> map(options);
   for (std::uint64_t k = 0; k < kKeys; ++k) ASSERT_TRUE(map.insert(k, make(k, 0)));
   std::atomic<int> stage{0};
