@@ -259,8 +259,8 @@ struct pool_core {
   // --- the chunk lock (P5) and deferred releases (P6) ----------------------------------------
 
   bool try_lock_chunks() noexcept {
-    const std::uint32_t generation = fork_generation() & kGenerationMask;
-    const std::uint32_t mine = generation_tag();
+    const std::uint32_t generation = process_fork_generation() & kGenerationMask;
+    const std::uint32_t mine = tag_of(generation);
     // SeqCst (Dekker, A5): after a push onto a deferred stack, either this load sees the
     // holder's unlock, or the holder's look at the stacks after that unlock sees the push.
     std::uint32_t seen = chunk_lock.load(std::memory_order_seq_cst);
@@ -309,8 +309,8 @@ struct pool_core {
 
   // Lock held: frees the slots on both deferred stacks.
   void free_deferred() noexcept {
-    // Acquire (A5): the links written before each push; pairs with the Release CAS in
-    // defer_object() and defer_uncarved().
+    // Acquire (A5): the links written before each push; pairs with the SeqCst CAS in
+    // defer_object() and release_uncarved().
     void* object = deferred_objects.exchange(nullptr, std::memory_order_acquire);
     while (object != nullptr) {
       void* next;
@@ -339,7 +339,9 @@ struct pool_core {
                                                      std::memory_order_relaxed));
   }
 
-  void after_deferring() noexcept {
+  // Frees what was deferred, unless a holder is in charge of it: after a push, and where
+  // a holder may have left something (the trim, the destructor).
+  void drain_deferred() noexcept {
     if (try_lock_chunks()) unlock_chunks();
   }
 
@@ -353,7 +355,7 @@ struct pool_core {
       unlock_chunks();
     } else {
       for_each([this](void* object) { defer_object(object); });
-      after_deferring();
+      drain_deferred();
     }
   }
 
@@ -373,7 +375,7 @@ struct pool_core {
       // exchange in free_deferred()), and the Dekker pair, as in defer_object().
     } while (!deferred_chunks.compare_exchange_weak(head, c, std::memory_order_seq_cst,
                                                     std::memory_order_relaxed));
-    after_deferring();
+    drain_deferred();
   }
 
   [[noreturn]] static void die_on_bad_release(void* object, const char* what) noexcept {
@@ -449,6 +451,16 @@ struct pool_core {
     if (c->partial_next != nullptr) c->partial_next->partial_prev = c->partial_prev;
     partial_chunks.store(partial_chunks.load(std::memory_order_relaxed) - 1,
                          std::memory_order_relaxed);
+  }
+
+  // Calls take() with the chunk lock held, if some chunk has free slots and the lock is free.
+  template <class Take>
+  void take_from_partial_chunks(Take take) noexcept {
+    // Relaxed: a hint; the lock decides.
+    if (partial_chunks.load(std::memory_order_relaxed) != 0 && try_lock_chunks()) {
+      take();
+      unlock_chunks();
+    }
   }
 
   // (P5), lock held: moves up to `want` free slots of partial chunks into `out`, emptying the
@@ -657,16 +669,14 @@ struct pool_core {
                                         allocator().context);
     magazine* spare = memory == nullptr ? nullptr : new (memory) magazine(batch);
     void* object = nullptr;
-    // Relaxed: a hint; the lock decides.
-    if (partial_chunks.load(std::memory_order_relaxed) != 0 && try_lock_chunks()) {
+    take_from_partial_chunks([&] {
       if (take_free_slots(&object, 1) == 1 && spare != nullptr) {
         spare->count = take_free_slots(spare->objects(), batch);
       }
-      unlock_chunks();
-      if (object != nullptr) {
-        reused_unheld.fetch_add(1, std::memory_order_relaxed);
-        asan_unpoison(object, pool.object_size_);
-      }
+    });
+    if (object != nullptr) {
+      reused_unheld.fetch_add(1, std::memory_order_relaxed);
+      asan_unpoison(object, pool.object_size_);
     }
     bool spare_is_fresh = false;
     if (object == nullptr) {
@@ -701,7 +711,6 @@ struct pool_core {
         free_magazine(spare);
       }
     }
-    trim_if_deferred();
     return object;
   }
 
@@ -713,13 +722,12 @@ struct pool_core {
     }
     magazine* m = cache.loaded;
     // Free slots of the chunks already held first (P5): a chunk is cut only when none has one
-    // (or another thread holds the chunk lock). Relaxed: a hint; the lock decides.
-    if (partial_chunks.load(std::memory_order_relaxed) != 0 && try_lock_chunks()) {
-      const std::uint32_t taken = take_free_slots(m->objects() + m->count, batch - m->count);
-      m->count += taken;
-      unlock_chunks();
-      bump(cache.reused_from_chunks, taken);
-    }
+    // (or another thread holds the chunk lock).
+    std::uint32_t taken = 0;
+    take_from_partial_chunks(
+        [&] { taken = take_free_slots(m->objects() + m->count, batch - m->count); });
+    m->count += taken;
+    bump(cache.reused_from_chunks, taken);
     std::uint32_t added = 0;
     while (m->count < batch) {
       if (cache.carving == nullptr || cache.carved == objects_per_chunk) {
@@ -824,7 +832,10 @@ struct pool_core {
 
   // The value of a flag set in this process: its fork generation, tagged (never 0).
   static std::uint32_t generation_tag() noexcept {
-    return ((fork_generation() & kGenerationMask) << 1) | std::uint32_t{1};
+    return tag_of(process_fork_generation() & kGenerationMask);
+  }
+  static std::uint32_t tag_of(std::uint32_t generation) noexcept {
+    return (generation << 1) | std::uint32_t{1};
   }
 
   // With no memory for a retire block, retire() runs the pass synchronously, on this thread;
@@ -889,7 +900,7 @@ struct pool_core {
     // What a chunk lock holder left after kDeferredPasses, or deferred by threads that then
     // found the lock held too.
     if (core->anything_deferred()) {
-      if (core->try_lock_chunks()) core->unlock_chunks();
+      core->drain_deferred();
       again = again || core->anything_deferred();
     }
     for (unsigned i = 0; i < core->depot_slots; ++i) {
@@ -993,7 +1004,7 @@ object_pool::~object_pool() {
   }
   // What other threads deferred to a chunk lock holder, and, in the child of a fork(), the
   // lock a thread of the parent held (taken over and repaired).
-  if (core.try_lock_chunks()) core.unlock_chunks();
+  core.drain_deferred();
   auto release_all = [&](detail::pool_cache& cache, detail::magazine* m) {
     core.release_objects(m);
     core.free_magazine(m);
@@ -1153,10 +1164,10 @@ void* object_pool::allocate_contended_slow(unsigned home) {
   void* object = core.allocate_from_depot();
   if (object != nullptr) {
     detail::asan_unpoison(object, object_size_);
-    core.trim_if_deferred();  // it may have released a magazine
   } else {
     object = core.allocate_from_chunks();  // may throw std::bad_alloc: not counted
   }
+  core.trim_if_deferred();  // either may have released objects to the chunks
   core.unheld_allocations.fetch_add(1, std::memory_order_relaxed);  // Relaxed: a statistic.
   return object;
 }

@@ -92,11 +92,12 @@ void open_gate(std::atomic<std::uint32_t>& gate_word) noexcept {
   futex_wake_all(gate_word);
 }
 
-// --- the fork generation (detail/fork.h) ------------------------------------------------------
+// --- the process's fork generation (detail/fork.h) --------------------------------------------
+// Not fork_generation below, which counts fork cycles in the parent and the child alike.
 // Relaxed: written by the child's handler before it starts grace's threads, which (like any
 // thread created later) are ordered after their creation. See detail/fork.h for threads
 // that other libraries' earlier handlers start.
-constinit std::atomic<std::uint32_t> process_fork_generation{0};
+constinit std::atomic<std::uint32_t> forks_in_lineage{0};
 
 // --- the engine list --------------------------------------------------------------------------
 // Held from prepare to the parent's or the child's handler, so engines neither come nor go
@@ -155,9 +156,9 @@ void parent_after_fork() noexcept {
 }
 
 void child_after_fork() noexcept {
-  // Relaxed: see process_fork_generation. First, before any thread starts.
-  process_fork_generation.store(process_fork_generation.load(std::memory_order_relaxed) + 1,
-                                std::memory_order_relaxed);
+  // Relaxed: see forks_in_lineage. First, before any thread starts.
+  forks_in_lineage.store(forks_in_lineage.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
   // This thread is the only one. The gates were closed by this thread with nobody inside.
   // Relaxed: no other thread exists to observe them.
   gp_gate_word.store(0, std::memory_order_relaxed);
@@ -198,9 +199,9 @@ batch_node* drop_barrier_markers(batch_node* chain) noexcept {
 
 }  // namespace
 
-std::uint32_t fork_generation() noexcept {
-  // Relaxed: see process_fork_generation.
-  return process_fork_generation.load(std::memory_order_relaxed);
+std::uint32_t process_fork_generation() noexcept {
+  // Relaxed: see forks_in_lineage.
+  return forks_in_lineage.load(std::memory_order_relaxed);
 }
 
 int install_fork_handlers() noexcept {

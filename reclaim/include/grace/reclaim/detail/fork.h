@@ -14,6 +14,6 @@
 
 namespace grace::detail {
 
-std::uint32_t fork_generation() noexcept;
+std::uint32_t process_fork_generation() noexcept;
 
 }  // namespace grace::detail
