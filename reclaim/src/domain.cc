@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fork_internal.h"
 #include "reclaim_engine_internal.h"
 
 namespace grace {
@@ -60,12 +61,17 @@ void flush_global_domain_at_exit() {
 
 namespace detail {
 unsigned cpu_shard_count() noexcept {
-  // get_nprocs_conf() reads sysfs each time; the count of possible CPUs does not change.
-  static const unsigned shards = [] {
+  // get_nprocs_conf() reads sysfs each time; the count of possible CPUs does not change. A
+  // cache, not a function-local static: a fork() child must never inherit the static's guard
+  // taken by a thread it does not have. Relaxed: every thread computes the same value.
+  static constinit std::atomic<unsigned> shards{0};
+  unsigned count = shards.load(std::memory_order_relaxed);
+  if (count == 0) [[unlikely]] {
     const int cpus = get_nprocs_conf();
-    return std::bit_ceil(static_cast<unsigned>(cpus > 0 ? cpus : 1));
-  }();
-  return shards;
+    count = std::bit_ceil(static_cast<unsigned>(cpus > 0 ? cpus : 1));
+    shards.store(count, std::memory_order_relaxed);
+  }
+  return count;
 }
 }  // namespace detail
 
@@ -78,8 +84,14 @@ namespace {
 constexpr std::size_t kMappedMinBytes = std::size_t{64} << 10;
 
 std::size_t page_bytes() noexcept {
-  static const std::size_t bytes = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  return bytes;
+  // A cache, not a function-local static: see cpu_shard_count(). Relaxed: the same value.
+  static constinit std::atomic<std::size_t> bytes{0};
+  std::size_t size = bytes.load(std::memory_order_relaxed);
+  if (size == 0) [[unlikely]] {
+    size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    bytes.store(size, std::memory_order_relaxed);
+  }
+  return size;
 }
 
 bool served_by_mapping(std::size_t bytes) noexcept {
@@ -143,13 +155,26 @@ domain::~domain() {
   }
 }
 
+namespace {
+// Built once, under detail::global_domain_mutex (fork_internal.h), never destroyed: threads
+// may retire during exit.
+constinit std::atomic<domain*> global_domain{nullptr};
+}  // namespace
+
 domain& domain::global() noexcept {
-  static domain* const instance = [] {
-    auto* created = new domain();
-    std::atexit(flush_global_domain_at_exit);
-    return created;
-  }();
-  return *instance;
+  // Acquire: the built domain; pairs with the Release store below.
+  if (domain* built = global_domain.load(std::memory_order_acquire)) [[likely]] return *built;
+  // Before the lock: pthread_atfork() waits for a fork() in progress, which waits for the lock.
+  // A failure is reported by the domain's constructor.
+  (void)detail::install_fork_handlers();
+  std::lock_guard lock(detail::global_domain_mutex);
+  // Relaxed: builders are ordered by the mutex.
+  if (domain* built = global_domain.load(std::memory_order_relaxed)) return *built;
+  auto* created = new domain();
+  std::atexit(flush_global_domain_at_exit);
+  // Release: publishes the built domain to the Acquire load above.
+  global_domain.store(created, std::memory_order_release);
+  return *created;
 }
 
 void domain::retire_slow(detail::retire_shard& shard, detail::retire_block* taken,

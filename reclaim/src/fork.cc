@@ -18,6 +18,10 @@
 //     inside a read section would stall every grace period, and a new thread may reuse a
 //     dead one's stack and the registry node in it. The child removes them (thread list in
 //     thread_registry.cc, changed only inside the gate).
+//   - domain::global()'s build (a function-local static's guard, before): it runs under
+//     global_domain_mutex, which prepare takes first, so the copy never holds a global domain
+//     half built. pthread_atfork() itself is called through pthread_once(), which glibc
+//     restarts in a child whose parent was inside it.
 //   - Each engine's GP thread and worker hold batches in local variables while they work.
 //     prepare parks both at a safe point (GP thread: the top of its loop, holding nothing;
 //     worker: between two nodes, the rest of its chain in worker_backlog_). So every block
@@ -59,6 +63,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <thread>
 
 #include "fork_internal.h"
 #include "grace/reclaim/detail/fork.h"
@@ -66,6 +71,12 @@
 #include "reclaim_engine_internal.h"
 
 namespace grace::detail {
+
+// --- the global domain ------------------------------------------------------------------------
+// See fork_internal.h. Locked by prepare before anything else, unlocked by the parent's
+// handler last; the child gets a fresh one.
+constinit std::mutex global_domain_mutex;
+
 namespace {
 
 // --- the fork gates ---------------------------------------------------------------------------
@@ -99,6 +110,17 @@ void open_gate(std::atomic<std::uint32_t>& gate_word) noexcept {
 // that other libraries' earlier handlers start.
 constinit std::atomic<std::uint32_t> forks_in_lineage{0};
 
+// --- registering the handlers -----------------------------------------------------------------
+// pthread_once, not a function-local static or a CAS flag: glibc's pthread_once restarts, in
+// the child of fork(), an initialization that a thread of the parent was running. Lazily, at
+// the first domain or reader thread (README's fork rules order other handlers by it).
+constinit pthread_once_t registration_once = PTHREAD_ONCE_INIT;
+constinit int registration_result = 0;  // written by register_handlers(), read after pthread_once()
+// Set by prepare_fork(): grace's handlers are in glibc's list. A child forked after the list
+// got them but before pthread_once() finished runs register_handlers() again: not twice.
+// Relaxed: written and read by the forking thread and the child's only thread.
+constinit std::atomic<bool> handlers_listed{false};
+
 // --- the engine list --------------------------------------------------------------------------
 // Held from prepare to the parent's or the child's handler, so engines neither come nor go
 // during a fork. Engine threads never take it.
@@ -130,6 +152,11 @@ void prepare_fork() noexcept {
     die("grace: fork() called from a deleter: fork() waits for the reclaim worker to finish "
         "its block, which includes this deleter. Fork from another thread.\n");
   }
+  // Relaxed: see handlers_listed.
+  handlers_listed.store(true, std::memory_order_relaxed);
+  // First: a global domain being built is finished before the copy, and none starts (see
+  // fork_internal.h). Its builder waits for nothing this fork holds.
+  global_domain_mutex.lock();
   engines_mutex.lock();
   const std::uint32_t generation = fork_generation + 1;
   fork_generation = generation;
@@ -153,6 +180,7 @@ void parent_after_fork() noexcept {
   for_each_engine([&](reclaim_engine& e) { e.unpark_after_fork(generation); });
   fork_generation = generation + 1;
   engines_mutex.unlock();
+  global_domain_mutex.unlock();
 }
 
 void child_after_fork() noexcept {
@@ -167,18 +195,26 @@ void child_after_fork() noexcept {
   std::size_t adopted_count = 0;
   adopted_reclaim* adopted = forget_other_threads_after_fork_child(adopted_count);
   const std::uint32_t generation = fork_generation;
+  // Locked by this thread in prepare; a fresh (unlocked) mutex in its place rather than an
+  // unlock from a thread with another id. Before the engine threads restart and the adopted
+  // deleters run: a deleter may create a domain.
+  new (&engines_mutex) std::mutex();
+  new (&global_domain_mutex) std::mutex();
   for_each_engine([&](reclaim_engine& e) { e.reset_after_fork_child(generation + 1); });
   for_each_engine([](reclaim_engine& e) { e.restart_after_fork_child(); });
   fork_generation = generation + 1;
-  // Locked by this thread in prepare; a fresh (unlocked) mutex in its place rather than an
-  // unlock from a thread with another id. Before the adopted deleters, which may create a
-  // domain.
-  new (&engines_mutex) std::mutex();
   for (std::size_t i = 0; i < adopted_count; ++i) {
     const adopted_reclaim& a = adopted[i];
     a.engine->reclaim_adopted_after_fork_child(a.object, a.deleter, a.bytes);
   }
   std::free(adopted);
+}
+
+void register_handlers() noexcept {
+  // Relaxed: see handlers_listed.
+  registration_result = handlers_listed.load(std::memory_order_relaxed)
+                            ? 0
+                            : pthread_atfork(&prepare_fork, &parent_after_fork, &child_after_fork);
 }
 
 // Every batch_node of the chain that is not a barrier_marker, in the same order.
@@ -205,8 +241,8 @@ std::uint32_t process_fork_generation() noexcept {
 }
 
 int install_fork_handlers() noexcept {
-  static const int result = pthread_atfork(&prepare_fork, &parent_after_fork, &child_after_fork);
-  return result;
+  pthread_once(&registration_once, &register_handlers);
+  return registration_result;
 }
 
 void add_engine_for_fork(reclaim_engine* engine) noexcept {

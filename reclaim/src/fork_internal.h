@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 namespace grace::detail {
 
@@ -13,6 +14,13 @@ class reclaim_engine;
 // Installs grace's pthread_atfork handlers, once per process (the first domain or the first
 // registered reader thread does). Returns 0, or the error pthread_atfork() returned.
 int install_fork_handlers() noexcept;
+
+// Held while domain::global() builds the global domain, and by fork() from the start of its
+// prepare handler to the end of the parent's: the child never inherits a global domain half
+// built by a thread that does not exist there. (A function-local static would leave the
+// child's first domain::global() waiting for ever on the static's guard.) The builder calls
+// install_fork_handlers() before taking it: pthread_atfork() waits for a fork() in progress.
+extern std::mutex global_domain_mutex;
 
 // The engines the handlers park and restart. An engine adds itself once its threads run and
 // removes itself before it stops them; both wait while a fork() is in progress.

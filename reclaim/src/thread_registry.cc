@@ -156,14 +156,18 @@ void register_thread_slow() noexcept {
                  error);
     std::abort();
   }
+  pthread_key_t key;
   {
     // fork(): liburcu's registry lock and our list, never mid-change.
     fork_gate_scope gate(fork_gate::registry);
     urcu_memb_register_thread();
     link_thread_record();
+    // Inside the gate: fork() never copies a thread that is creating the key (the static's
+    // guard, which the child would wait on for ever).
+    key = registration_key();
   }
-  // Any non-null value arms the destructor.
-  pthread_setspecific(registration_key(), &tls_reader);
+  // Any non-null value arms the destructor. Outside the gate: it may allocate.
+  pthread_setspecific(key, &tls_reader);
   tls_reader.registered = true;
 }
 

@@ -5,7 +5,8 @@
 // Order: retired objects across the fork (the global domain, with work in every pipeline
 // stage); a reader thread inside a read section at the fork (also holding a postponed
 // emergency reclamation); another thread retiring at the fork; domains created and destroyed
-// around the fork; a fork in the child; misuse (fork() inside a read section or a deleter).
+// around the fork; a fork in the child; a fork while another thread builds the global domain;
+// misuse (fork() inside a read section or a deleter).
 //
 // Conventions:
 //   - The child never returns into GoogleTest: it runs a function whose int result is its
@@ -388,6 +389,47 @@ TEST(DomainFork, AChildCanForkAgain) {
   EXPECT_TRUE(gt::exited_cleanly(status));
   d.barrier();
   EXPECT_TRUE(tracker.each_destroyed_once(0, ids));
+}
+#endif
+
+// --- one-time initialization across the fork ------------------------------------------------
+
+#if !GRACE_TESTING_TSAN && !GRACE_TESTING_ASAN  // the child starts threads; under ASan threads
+                                                // start and exit (allocating) at the fork
+// The global domain is built by the first thread that asks for it. A fork() while another
+// thread builds it used to copy a half-built function-local static: the child's first
+// domain::global() waited for ever on the static's guard (81 of 200 children hung). Each
+// trial forks a child of this process, which must not have built the global domain itself:
+// run the test in a process of its own (ctest does; or --gtest_filter). The trial's child
+// starts the build and forks after a different delay each time, so that some trials fork
+// during the build.
+TEST(DomainFork, AChildForkedWhileAnotherThreadBuildsTheGlobalDomainCanUseIt) {
+  constexpr int kTrials = 100;
+  constexpr unsigned kChildAlarmSeconds = 10;
+  gt::watchdog dog(kNoDeadlock, "fork() while the global domain is being built");
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const int status = gt::run_in_child([trial] {
+      std::thread builder([] { (void)grace::domain::global(); });
+      std::this_thread::sleep_for(std::chrono::microseconds(trial));
+      const int grandchild = gt::run_in_child(
+          [] {
+            grace::domain& d = grace::domain::global();
+            d.synchronize();
+            d.retire(new int(0));
+            d.barrier();
+            return 0;
+          },
+          kChildAlarmSeconds);
+      builder.join();
+      if (!(WIFEXITED(grandchild) && WEXITSTATUS(grandchild) == 0)) {
+        std::fprintf(stderr, "child: forked after %d us, the grandchild failed (wait status %d)\n",
+                     trial, grandchild);
+        return 1;
+      }
+      return 0;
+    });
+    ASSERT_TRUE(gt::exited_cleanly(status)) << "trial " << trial;
+  }
 }
 #endif
 
