@@ -4,7 +4,8 @@
 // (--pattern bulk, the default), or retires each right after allocating it (--pattern
 // interleaved: kfree_perf_thread's own loop). Modes, run one after another in one
 // process so their ratios are comparable (in this order; see run()):
-//   batch     grace::domain with default options (per-CPU page-sized blocks)
+//   batch     grace::domain with default options (per-CPU page-sized blocks), except the
+//             pending-object limits when --soft-limit-objects / --hard-limit-objects are given
 //   call_rcu  urcu_memb_call_rcu() per object, the object embedding its rcu_head (what
 //             cds_lfht users do); finished with urcu_memb_barrier()
 //   nobatch   grace::domain with .batching = grace::batching::per_object (a GP per object)
@@ -82,6 +83,7 @@ struct config {
   std::uint64_t alloc_num;
   bool bulk;  // each loop allocates all its objects, then retires them
   std::chrono::microseconds sync_gap;
+  grace::domain_options batch_options;  // batch mode's domain
 };
 
 // The measuring thread: synchronize latencies while the flood runs.
@@ -169,7 +171,7 @@ constexpr double kRssCarryOverWarnMib = 32;
 
 result run_mode(mode m, const config& cfg, rss_sampler& rss, std::uint64_t& first_rss_before) {
   std::optional<domain> dom;
-  if (m == mode::batch) dom.emplace();
+  if (m == mode::batch) dom.emplace(cfg.batch_options);
   if (m == mode::nobatch) dom.emplace(domain_options{.batching = batching::per_object});
 
   malloc_trim(0);
@@ -263,6 +265,15 @@ void describe(options_spec& spec) {
   spec.add_choice("pattern", "bulk", {"bulk", "interleaved"},
                   "bulk: each loop allocates --alloc-num objects, then retires them; "
                   "interleaved: retire each right after allocating it (rcuperf's loop)");
+  const grace::domain_options defaults;
+  spec.add_count("soft-limit-objects", defaults.soft_limit_objects,
+                 "batch mode: pending objects above which the engine drains at once "
+                 "(domain_options::soft_limit_objects)",
+                 1);
+  spec.add_count("hard-limit-objects", defaults.hard_limit_objects,
+                 "batch mode: pending objects above which retiring threads wait "
+                 "(domain_options::hard_limit_objects; at least the soft limit)",
+                 1);
   spec.add_count("sync-gap-us", kDefaultSyncGapUs,
                  "pause of the measuring thread between synchronize() calls, microseconds "
                  "(0 = back to back)");
@@ -272,6 +283,8 @@ void describe(options_spec& spec) {
       "Examples: barrier() after a 10M-object flood, batch beside call_rcu:\n"
       "  grace-bench retire --mode batch,call_rcu --threads 2 --loops 50 --alloc-num 100000\n"
       "(nobatch at 10M objects takes about a minute: a grace period per object.)\n"
+      "Less memory for less throughput: the pending limits, e.g.\n"
+      "  grace-bench retire --mode batch --soft-limit-objects 65536 --hard-limit-objects 262144\n"
       "Keys: see the comment at the top of bench/reclaim/retire_mode.cc.");
 }
 
@@ -282,6 +295,11 @@ int run(const parsed_options& options, reporter& out) {
   cfg.loops = options.count("loops");
   cfg.sync_gap = std::chrono::microseconds(options.count("sync-gap-us"));
   cfg.bulk = options.choice("pattern") == "bulk";
+  cfg.batch_options.soft_limit_objects = options.count("soft-limit-objects");
+  cfg.batch_options.hard_limit_objects = options.count("hard-limit-objects");
+  if (cfg.batch_options.hard_limit_objects < cfg.batch_options.soft_limit_objects) {
+    throw usage_error("--hard-limit-objects: must be at least --soft-limit-objects");
+  }
   if (options.given("objects")) {
     const std::uint64_t objects = options.count("objects");
     if (objects == 0) throw usage_error("--objects: must be at least 1");
