@@ -1,6 +1,8 @@
 // The out-of-line paths of the split-ordered list: construction, resize, helping unlinks.
 #include "grace/map/detail/split_list.h"
 
+#include "grace/reclaim/detail/fork.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 #include <thread>
 
 namespace grace::detail {
+
+constinit std::atomic<void (*)()> resize_half_way_hook{nullptr};
 
 void untagged_check_failed(const void* address) noexcept {
   std::fprintf(stderr,
@@ -190,6 +194,12 @@ bool split_list::grow_to(unsigned target) noexcept {
     // holds a read section (L6): one per dummy, so a large grow does not hold back grace
     // periods.
     for (std::uint64_t i = 0; i < first; ++i) {
+      if (i == first / 2) {
+        // Relaxed: see resize_half_way_hook.
+        if (auto hook = resize_half_way_hook.load(std::memory_order_relaxed)) [[unlikely]] {
+          hook();
+        }
+      }
       read_guard guard;
       link_dummy(dummy(i), &array[i]);
     }
@@ -206,39 +216,89 @@ void split_list::shrink_to(unsigned target) noexcept {
   // Relaxed: see grow_to().
   unsigned current = size_log2_.load(std::memory_order_relaxed);
   while (current > target) {
-    const unsigned level = current;
     // Release (M3): operations that start from now on use the smaller size.
-    size_log2_.store(level - 1, std::memory_order_release);
-    // (L5): after this, no operation still uses a top-level dummy as its starting point.
-    domain_.synchronize();
-    // Relaxed: this resizer published the level itself.
-    list_node* array = levels_[level].load(std::memory_order_relaxed);
-    const std::uint64_t first = std::uint64_t{1} << (level - 1);
-    for (std::uint64_t i = 0; i < first; ++i) {
-      read_guard guard;  // (L6), one per dummy: never across the synchronize() calls
-      list_node* victim = &array[i];
-      std::uintptr_t next = victim->next.load(std::memory_order_relaxed);
-      // Release: mark the dummy deleted (L2); concurrent inserts after it now fail their CAS
-      // and retry from a live predecessor. Pairs with the Acquire loads of `next` (M2).
-      while (!victim->next.compare_exchange_weak(next, next | kMarked,
-                                                 std::memory_order_release,
-                                                 std::memory_order_relaxed)) {
-      }
-      locate(*this, dummy(i), victim->so_key, /*past_equal=*/false);  // unlinks it
-    }
-    // Traversals that were passing through the unlinked dummies have finished.
-    domain_.synchronize();
-    // Relaxed: nothing can reach the level any more.
-    levels_[level].store(nullptr, std::memory_order_relaxed);
-    free_level(array, level);
-    current = level - 1;
+    size_log2_.store(current - 1, std::memory_order_release);
+    unlink_level(current);
+    current = current - 1;
     shrinks_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
+void split_list::unlink_level(unsigned level) noexcept {
+  // (L5): after this, no operation still uses one of the level's dummies as its starting
+  // point.
+  domain_.synchronize();
+  // Relaxed: stored by this resizer (a shrink), or copied by the fork (L8).
+  list_node* array = levels_[level].load(std::memory_order_relaxed);
+  const std::uint64_t first = std::uint64_t{1} << (level - 1);
+  for (std::uint64_t i = 0; i < first; ++i) {
+    if (i == first / 2) {
+      // Relaxed: see resize_half_way_hook.
+      if (auto hook = resize_half_way_hook.load(std::memory_order_relaxed)) [[unlikely]] hook();
+    }
+    {
+      read_guard guard;  // (L6), one per dummy: never across the synchronize() calls
+      list_node* victim = &array[i];
+      std::uintptr_t next = victim->next.load(std::memory_order_relaxed);
+      // Release: mark the dummy deleted (L2); concurrent inserts after it now fail their CAS
+      // and retry from a live predecessor. Pairs with the Acquire loads of `next` (M2). A
+      // dummy a rolled-back shrink had marked already is left alone (L2).
+      while (!is_marked(next) &&
+             !victim->next.compare_exchange_weak(next, next | kMarked, std::memory_order_release,
+                                                 std::memory_order_relaxed)) {
+      }
+      locate(*this, dummy(i), victim->so_key, /*past_equal=*/false);  // unlinks it
+    }
+  }
+  // Traversals that were passing through the unlinked dummies have finished.
+  domain_.synchronize();
+  // Relaxed: nothing can reach the level any more.
+  levels_[level].store(nullptr, std::memory_order_relaxed);
+  free_level(array, level);
+}
+
+bool split_list::try_begin_resize() noexcept {
+  const std::uint32_t mine = (process_fork_generation() << 1) | 1;
+  // Relaxed: only chooses the expected value; the CAS below orders.
+  std::uint32_t seen = resizing_.load(std::memory_order_relaxed);
+  for (;;) {
+    // Another thread of this process resizes. (A tag is never newer than ours: the
+    // generation only grows from parent to child.)
+    if (seen == mine) return false;
+    // Free (0), or held under an older generation by a thread this process does not have.
+    // Acquire: the previous resizer's levels and size; pairs with end_resize()'s Release
+    // store (a copied turn: the fork orders what its holder wrote).
+    if (resizing_.compare_exchange_weak(seen, mine, std::memory_order_acquire,
+                                        std::memory_order_relaxed)) {
+      return true;
+    }
+  }
+}
+
+void split_list::end_resize() noexcept {
+  // Release: this resize's levels and size before the next resizer's; pairs with the Acquire
+  // CAS in try_begin_resize().
+  resizing_.store(0, std::memory_order_release);
+}
+
+bool split_list::roll_back_abandoned_level() noexcept {
+  // Relaxed (both): only resizers store them, and we hold the turn.
+  const unsigned size_log2 = size_log2_.load(std::memory_order_relaxed);
+  if (size_log2 + 1 >= kMaxLevels ||
+      levels_[size_log2 + 1].load(std::memory_order_relaxed) == nullptr) [[likely]] {
+    return true;
+  }
+  if (in_read_section()) return false;
+  unlink_level(size_log2 + 1);
+  return true;
+}
+
 void split_list::consider_resize_slow() noexcept {
-  // Acquire: the previous resizer's levels and size; pairs with the Release store below.
-  if (resizing_.exchange(true, std::memory_order_acquire)) return;  // one resizer at a time
+  if (!try_begin_resize()) return;  // one resizer at a time
+  if (!roll_back_abandoned_level()) {
+    end_resize();
+    return;
+  }
   const double elements = static_cast<double>(size());
   // Relaxed: we are the only resizer.
   const unsigned current = size_log2_.load(std::memory_order_relaxed);
@@ -253,8 +313,7 @@ void split_list::consider_resize_slow() noexcept {
     const auto wanted = static_cast<std::size_t>(2.0 * elements / config_.grow_load_factor) + 1;
     shrink_to(std::max(floor, log2_ceil(wanted)));
   }
-  // Release: pairs with the Acquire exchange of the next resizer.
-  resizing_.store(false, std::memory_order_release);
+  end_resize();
 }
 
 void split_list::reserve(std::size_t elements) {
@@ -266,16 +325,18 @@ void split_list::reserve(std::size_t elements) {
   while (reserved < elements &&
          !reserved_elements_.compare_exchange_weak(reserved, elements, std::memory_order_relaxed)) {
   }
-  // Acquire: as in consider_resize_slow(). Outside a read section reserve() waits its turn;
-  // inside one it must not (a shrink holding the turn waits for this very read section), so
-  // there it only tries.
-  while (resizing_.exchange(true, std::memory_order_acquire)) {
+  // Outside a read section reserve() waits its turn; inside one it must not (a shrink holding
+  // the turn waits for this very read section), so there it only tries.
+  while (!try_begin_resize()) {
     if (in_read_section()) return;
     std::this_thread::yield();
   }
+  if (!roll_back_abandoned_level()) {  // inside a read section: grow later
+    end_resize();
+    return;
+  }
   const bool grown = grow_to(target);
-  // Release: as in consider_resize_slow().
-  resizing_.store(false, std::memory_order_release);
+  end_resize();
   if (!grown) throw std::bad_alloc();
 }
 

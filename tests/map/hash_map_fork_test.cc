@@ -285,4 +285,166 @@ TEST(HashMapFork, TheChildUsesAMapThatAnotherThreadOfTheParentWasUpdatingAtTheFo
 }
 #endif
 
+// --- a resize another thread was running at the fork ------------------------------------------
+
+// One thread resizes a map at a time. One that another thread of the parent was running at
+// the fork held that turn for ever in the child: the map never resized again there (its
+// chains grew without bound) and reserve() waited for ever. The child now takes the turn
+// over and rolls back the half-linked or half-unlinked level first (split_list.h, L8).
+
+using counter_map = grace::hash_map<std::uint64_t, std::uint64_t>;
+constexpr std::uint64_t kGrowParentKeys = 200;  // keys the parent inserts in the grow tests
+
+// The resizer pauses in the middle of its first level, between two of its read sections,
+// until the test lets it go. resizer_paused: Release/Acquire, so the forking thread sees what
+// the resizer's thread did before it paused; the other two are Relaxed: polled flags that
+// only pace the threads.
+std::atomic<bool> resizer_paused{false};
+std::atomic<bool> resizer_may_go{false};
+std::atomic<bool> resizer_paused_once{false};
+
+[[maybe_unused]] void pause_resizer_once() {
+  if (resizer_paused_once.exchange(true, std::memory_order_relaxed)) return;
+  resizer_paused.store(true, std::memory_order_release);  // see above
+  while (!resizer_may_go.load(std::memory_order_relaxed)) std::this_thread::sleep_for(1ms);
+}
+
+// Arms pause_resizer_once() for the next resize.
+[[maybe_unused]] void arm_resizer_pause() {
+  resizer_paused.store(false, std::memory_order_relaxed);
+  resizer_may_go.store(false, std::memory_order_relaxed);
+  resizer_paused_once.store(false, std::memory_order_relaxed);
+  grace::detail::resize_half_way_hook.store(&pause_resizer_once, std::memory_order_relaxed);
+}
+
+// In the child: the map holds exactly the keys in [0, present_below) among [0, span), it
+// grows, shrinks and reserves; 0 or an exit code.
+[[maybe_unused]] int check_resizes_after_fork(counter_map& map, std::uint64_t present_below,
+                                              std::uint64_t span) {
+  for (std::uint64_t key = 0; key < span; ++key) {
+    if (map.contains(key) != (key < present_below)) {
+      return child_failure(20, "contains() disagrees with the parent's updates", key);
+    }
+  }
+  constexpr std::uint64_t kMany = 20'000;
+  for (std::uint64_t key = present_below; key < kMany; ++key) {
+    if (!map.insert(key, key)) return child_failure(21, "insert() of an absent key", key);
+  }
+  if (map.stats().buckets < kMany / 2) {
+    return child_failure(22, "the map did not grow in the child", map.stats().buckets);
+  }
+  // A level left half-linked and linked again would hold two dummies per bucket, and a lookup
+  // stops at the second: keys of those buckets would go missing.
+  for (std::uint64_t key = 0; key < kMany; ++key) {
+    if (!map.contains(key)) return child_failure(28, "a key went missing after the grow", key);
+  }
+  for (std::uint64_t key = 100; key < kMany; ++key) {
+    if (!map.erase(key)) return child_failure(23, "erase() of a present key", key);
+  }
+  if (map.stats().buckets > 1024) {
+    return child_failure(24, "the map did not shrink in the child", map.stats().buckets);
+  }
+  map.reserve(100'000);  // waited for ever for the parent's resizer
+  if (map.stats().buckets < 100'000) {
+    return child_failure(25, "reserve() did not grow the map", map.stats().buckets);
+  }
+  for (std::uint64_t key = 0; key < kMany; ++key) {
+    if (map.find(key) != (key < 100 ? std::optional<std::uint64_t>(key) : std::nullopt)) {
+      return child_failure(26, "find() after the resizes", key);
+    }
+  }
+  if (map.size() != 100) return child_failure(27, "size() after the resizes", map.size());
+  return 0;
+}
+
+#if !GRACE_TESTING_TSAN  // see above: the child starts threads
+// Forks while another thread grows `map` from 64 to 128 buckets, half-way through linking
+// the new level; the child runs `child` after checking nothing else. Then lets the grow end
+// and checks the parent's map. Returns the child's wait status.
+template <class Child>
+int fork_during_grow(counter_map& map, Child child) {
+  constexpr std::uint64_t kBefore = 60;  // below the first grow (64 buckets, load factor 1)
+  for (std::uint64_t key = 0; key < kBefore; ++key) EXPECT_TRUE(map.insert(key, key));
+  arm_resizer_pause();
+  std::atomic<std::uint64_t> inserting{0};  // Relaxed: ordered by resizer_paused, the join
+  int status;
+  {
+    gt::watchdog dog(kNoDeadlock, "fork() while another thread grows a map");
+    std::thread resizer([&] {
+      for (std::uint64_t key = kBefore; key < kGrowParentKeys; ++key) {
+        inserting.store(key, std::memory_order_relaxed);
+        map.insert(key, key);  // one of these grows the map, and pauses half-way
+      }
+    });
+    // Acquire: see resizer_paused.
+    while (!resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+    // The paused insert has linked its key: the child sees [0, inserting].
+    const std::uint64_t present_below = inserting.load(std::memory_order_relaxed) + 1;
+    status = gt::run_in_child([&] { return child(present_below); });
+    resizer_may_go.store(true, std::memory_order_relaxed);
+    resizer.join();
+  }
+  grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
+  for (std::uint64_t key = 0; key < kGrowParentKeys; ++key) {
+    EXPECT_TRUE(map.contains(key)) << key;
+  }
+  EXPECT_GE(map.stats().buckets, 256u);
+  return status;
+}
+
+TEST(HashMapFork, AGrowAnotherThreadWasRunningAtTheForkIsRolledBackAndTheChildResizes) {
+  counter_map map(grace::hash_map_options{.initial_buckets = 64, .min_buckets = 64});
+  const int status = fork_during_grow(map, [&](std::uint64_t present_below) {
+    return check_resizes_after_fork(map, present_below, kGrowParentKeys);
+  });
+  EXPECT_TRUE(gt::exited_cleanly(status));
+}
+
+// The child's first resize takes the turn over inside a read section, where it cannot roll
+// the level back (that waits for grace periods): it must leave it, and no later resize may
+// grow over it.
+TEST(HashMapFork, AResizeTurnTakenOverInsideAReadSectionLeavesTheRollBackToTheNextResize) {
+  counter_map map(grace::hash_map_options{.initial_buckets = 64, .min_buckets = 64});
+  const int status = fork_during_grow(map, [&](std::uint64_t present_below) {
+    {
+      auto guard = grace::pin();
+      map.reserve(1000);  // takes the turn over; cannot roll back here
+    }
+    return check_resizes_after_fork(map, present_below, kGrowParentKeys);
+  });
+  EXPECT_TRUE(gt::exited_cleanly(status));
+}
+
+TEST(HashMapFork, AShrinkAnotherThreadWasRunningAtTheForkIsRolledBackAndTheChildResizes) {
+  counter_map map(grace::hash_map_options{.initial_buckets = 64, .min_buckets = 64});
+  constexpr std::uint64_t kBefore = 2000;  // 2048 buckets
+  for (std::uint64_t key = 0; key < kBefore; ++key) ASSERT_TRUE(map.insert(key, key));
+  ASSERT_GE(map.stats().buckets, 2048u);
+  arm_resizer_pause();
+  std::atomic<std::uint64_t> erasing{kBefore};  // Relaxed: ordered by resizer_paused, the join
+  int status;
+  {
+    gt::watchdog dog(kNoDeadlock, "fork() while another thread shrinks a map");
+    std::thread resizer([&] {
+      for (std::uint64_t key = kBefore; key-- > 0;) {
+        erasing.store(key, std::memory_order_relaxed);
+        map.erase(key);  // one of these shrinks the map (2048 -> 512), and pauses half-way
+      }
+    });
+    // Acquire: see resizer_paused.
+    while (!resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+    // The paused erase has unlinked its key: the child sees [0, erasing).
+    const std::uint64_t present_below = erasing.load(std::memory_order_relaxed);
+    status = gt::run_in_child(
+        [&] { return check_resizes_after_fork(map, present_below, kBefore); });
+    resizer_may_go.store(true, std::memory_order_relaxed);
+    resizer.join();
+  }
+  grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
+  EXPECT_TRUE(gt::exited_cleanly(status));
+  EXPECT_TRUE(map.empty());
+  EXPECT_GE(map.stats().shrinks, 2u);  // the paused shrink went on: 2048 -> 1024 -> 512
+}
+#endif
+
 }  // namespace

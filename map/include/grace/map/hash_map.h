@@ -298,7 +298,9 @@ class hash_map {
   // below that size again until clear(), so a workload that swings between empty and n
   // elements never resizes (like std::unordered_map::reserve(), whose buckets stay; a
   // smaller n than an earlier one changes nothing). Inside a read section it is best effort:
-  // it skips growing if another resize is running (waiting could deadlock).
+  // it skips growing if another resize is running (waiting could deadlock), or, in the child
+  // of a fork() that copied a resize mid-way, until a resize outside a read section has
+  // rolled it back.
   void reserve(std::size_t n) { list_.reserve(n); }
 
   // Erases every element. Concurrent updates may leave elements inserted meanwhile. Outside

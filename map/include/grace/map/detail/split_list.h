@@ -41,6 +41,13 @@
 //        bucket b at size 2^k stops at a link tagged with a level <= k without touching the
 //        node: that dummy's bucket c < 2^k follows b in the list, so its so_key differs from
 //        b's in the top k bits and exceeds every key of b's elements (L1).
+//   (L8) Between two resizes, levels_[size_log2 + 1] is null: a grow stores a level only
+//        once it is allocated and publishes its size before it ends; a shrink frees its
+//        level before it ends. A level there at the start of a resize was left by a resizer
+//        that a fork() copied mid-way (its thread is not in this process); every resize
+//        first rolls it back as a shrink ends one: size_log2 already excludes it (a grow had
+//        not published it, a shrink had), so unlinking its dummies and freeing it after
+//        grace periods is safe whichever it was.
 //
 // Ordering guarantees:
 //   (M1) Release CAS of a predecessor's `next` (insert, replace, unlink) publishes the new
@@ -54,7 +61,9 @@
 // them in the same bucket, never block, never help, and write no shared memory. Updates are
 // lock-free: a CAS fails only because another operation succeeded. A resize is serialized
 // with other resizes (a resizer triggered by an update skips if another runs; reserve()
-// outside a read section waits its turn) and never with readers or updaters. After its
+// outside a read section waits its turn) and never with readers or updaters. In the child
+// of a fork() that copied a resize mid-way, resizes inside a read section are skipped until
+// one outside has rolled the abandoned level back (L8). After its
 // linearization point, outside its read section, an update may do housekeeping that
 // blocks: a shrink (it waits for grace periods), or a grace period the element pool asks
 // its thread to run (object_pool's caller_gp_threshold).
@@ -211,15 +220,16 @@ class split_list {
 
   // Grows until `elements` fit under the grow load factor (bounded by max_buckets), and keeps
   // shrinks from going below that size until drop_reservation(). Inside a read section it
-  // only tries: if another resize runs, it returns without growing.
+  // only tries: if another resize runs, or a level must first be rolled back (L8), it
+  // returns without growing.
   void reserve(std::size_t elements);
   // Forgets what reserve() asked for (clear()).
   void drop_reservation() noexcept {
     reserved_elements_.store(0, std::memory_order_relaxed);  // Relaxed: see the member.
   }
-  // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks only outside a
-  // read section (it waits for grace periods), otherwise leaves it for a later update, and
-  // never below what reserve() asked for.
+  // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks, and rolls back a
+  // level a fork() left (L8), only outside a read section (they wait for grace periods),
+  // otherwise leaves them for a later update; never shrinks below what reserve() asked for.
   [[gnu::cold, gnu::noinline]] void consider_resize_slow() noexcept;
 
   // Unlinks `node` (already marked) from the list if still linked, helping along the way;
@@ -243,9 +253,20 @@ class split_list {
     // Relaxed: ordered by the Acquire load of size_log2 (M4) that bounded `bucket`.
     return levels_[level].load(std::memory_order_relaxed) + (bucket - first);
   }
+  // The resizer's turn (resizing_). try_begin_resize() takes it, or returns false while another
+  // thread of this process holds it; a turn held under an older fork generation was copied
+  // from a thread the process does not have, and is taken over.
+  bool try_begin_resize() noexcept;
+  void end_resize() noexcept;
+  // (L8): rolls back a level a fork() left mid-resize. False if there is one and the caller
+  // is inside a read section (rolling back waits for grace periods): resize later.
+  bool roll_back_abandoned_level() noexcept;
   bool grow_to(unsigned size_log2) noexcept;
   unsigned floor_log2() const noexcept;  // the smallest size a shrink may reach
   void shrink_to(unsigned size_log2) noexcept;
+  // Marks and unlinks the dummies of `level`, which size_log2 already excludes, then frees
+  // it: the end of a shrink, and the roll-back of (L8).
+  void unlink_level(unsigned level) noexcept;
   void link_dummy(list_node* start, list_node* dummy) noexcept;
   list_node* allocate_level(unsigned level) noexcept;
   void free_level(list_node* level_array, unsigned level) noexcept;
@@ -260,11 +281,19 @@ class split_list {
   std::atomic<std::size_t> reserved_elements_{0};
   std::atomic<unsigned> size_log2_{0};
   std::atomic<list_node*> levels_[kMaxLevels]{};
-  std::atomic<bool> resizing_{false};
+  // 0, or (the fork generation of the process whose thread resizes << 1) | 1.
+  std::atomic<std::uint32_t> resizing_{0};
   std::atomic<std::uint64_t> grows_{0};
   std::atomic<std::uint64_t> shrinks_{0};
   std::unique_ptr<counter[]> counters_;
   unsigned counter_mask_;
 };
+
+// Test seam: called by a resizer half-way through linking (grow) or unlinking (shrink) a
+// level's dummies, between two of its read sections (a grow may run inside the caller's
+// own), so that another thread can fork() there; not fork() from the hook itself (the
+// child would keep a live resizer under an older turn). Relaxed loads: a test sets it before
+// the threads it coordinates start.
+extern std::atomic<void (*)()> resize_half_way_hook;
 
 }  // namespace grace::detail

@@ -5,8 +5,9 @@
 // first, before it restarts grace's threads or runs any deleter, so those and every thread
 // created later read the new value. (A thread that another library's child handler, run
 // before grace's, started in the child may read the old one: such a thread must not use a
-// pool until fork() has returned.) A layer above uses it to recognise state that a thread of
-// the parent held at the copy (alloc/'s chunk lock, the pool's trim flags). Meaningful once
+// pool or a map until fork() has returned.) A layer above uses it to recognise state that a
+// thread of the parent held at the copy (alloc/'s chunk lock, the pool's trim flags, the
+// map's resize turn). Meaningful once
 // a domain exists (it installs the handler).
 #pragma once
 
