@@ -326,9 +326,36 @@ std::atomic<bool> resizer_paused_once{false};
       return child_failure(20, "contains() disagrees with the parent's updates", key);
     }
   }
+  // Two threads update keys of their own while this one's inserts make the first resize,
+  // which rolls the abandoned level back: as in any shrink, updates run on meanwhile.
+  std::atomic<std::uint64_t> worker_mismatches{0};  // Relaxed (both): read after the joins
+  std::atomic<bool> workers_stop{false};
+  std::thread workers[2];
+  for (std::uint64_t w = 0; w < 2; ++w) {
+    workers[w] = std::thread([&, base = 1'000'000 + w * 100'000] {
+      for (int round = 0; round < 3 || !workers_stop.load(std::memory_order_relaxed); ++round) {
+        for (std::uint64_t k = base; k < base + 3000; ++k) {
+          if (!map.insert(k, k)) worker_mismatches.fetch_add(1, std::memory_order_relaxed);
+        }
+        for (std::uint64_t k = base; k < base + 3000; ++k) {
+          if (map.find(k) != k) worker_mismatches.fetch_add(1, std::memory_order_relaxed);
+        }
+        for (std::uint64_t k = base; k < base + 3000; ++k) {
+          if (!map.erase(k)) worker_mismatches.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    });
+  }
   constexpr std::uint64_t kMany = 20'000;
-  for (std::uint64_t key = present_below; key < kMany; ++key) {
-    if (!map.insert(key, key)) return child_failure(21, "insert() of an absent key", key);
+  int inserted = 0;
+  for (std::uint64_t key = present_below; key < kMany && inserted == 0; ++key) {
+    if (!map.insert(key, key)) inserted = child_failure(21, "insert() of an absent key", key);
+  }
+  workers_stop.store(true, std::memory_order_relaxed);
+  for (std::thread& worker : workers) worker.join();
+  if (inserted != 0) return inserted;
+  if (const std::uint64_t bad = worker_mismatches.load(std::memory_order_relaxed); bad != 0) {
+    return child_failure(29, "updates of other threads went wrong during the roll-back", bad);
   }
   if (map.stats().buckets < kMany / 2) {
     return child_failure(22, "the map did not grow in the child", map.stats().buckets);
