@@ -1,8 +1,6 @@
 // The out-of-line paths of the split-ordered list: construction, resize, helping unlinks.
 #include "grace/map/detail/split_list.h"
 
-#include "grace/reclaim/detail/fork.h"
-
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -12,6 +10,8 @@
 #include <cstdlib>
 #include <new>
 #include <thread>
+
+#include "grace/reclaim/detail/fork.h"
 
 namespace grace::detail {
 
