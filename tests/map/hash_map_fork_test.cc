@@ -483,12 +483,12 @@ TEST(HashMapFork, AShrinkAnotherThreadWasRunningAtTheForkIsRolledBackAndTheChild
 
 // Keys a churner (below) has present after `done` operations on its range of kChurnRange
 // keys: round after round it inserts them all in order, then erases them all in order.
-bool churned_present(std::uint64_t done, std::uint64_t key) {
+[[maybe_unused]] bool churned_present(std::uint64_t done, std::uint64_t key) {
   const std::uint64_t pos = done % (2 * kChurnRange);
   return pos < kChurnRange ? key < pos : key >= pos - kChurnRange;
 }
 // The key of a churner's operation number `op` (counted from 0).
-std::uint64_t churned_key(std::uint64_t op) {
+[[maybe_unused]] std::uint64_t churned_key(std::uint64_t op) {
   const std::uint64_t pos = op % (2 * kChurnRange);
   return pos < kChurnRange ? pos : pos - kChurnRange;
 }
