@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -134,6 +136,21 @@ struct pool_core {
   // (a pass that was never queued, or ran on a thread absent here) counts as clear.
   std::atomic<std::uint32_t> trim_scheduled{0};
   std::atomic<std::uint32_t> trim_running{0};
+  // The list of live pools that fork() holds every cache of (see "fork()" below); guarded
+  // by pools_mutex.
+  pool_core* fork_prev = nullptr;
+  pool_core* fork_next = nullptr;
+  // In a fork child: constructed between the fork's hold and the copy, so a cache of it may
+  // be held by a thread the child does not have. Later forks neither hold nor release it
+  // (holding would wait for ever); it keeps the all-caches-held fallback for such caches.
+  bool fork_skip = false;
+  // fork()'s hooks (see "fork()" below), and the list they walk.
+  static void add_for_fork(pool_core& core) noexcept;
+  static void remove_for_fork(pool_core& core) noexcept;
+  static void hold_every_cache() noexcept;
+  static void release_every_cache() noexcept;
+  static void release_every_cache_in_parent() noexcept;
+  static void release_every_cache_in_child() noexcept;
   std::atomic<bool> destroying{false};
   std::atomic<bool> forget_allocated{false};
   // Relaxed: the trim pass compares it between passes to tell whether the depot is in use.
@@ -921,6 +938,114 @@ struct pool_core {
   }
 };
 
+// --- fork() -----------------------------------------------------------------------------------
+// A cache that a thread holds when fork() copies the process would stay held for ever in the
+// child, which does not have that thread: with every cache held (two busy threads on two
+// CPUs), each allocate() of the child took the all-caches-held fallback (a yield and a depot
+// magazine or a chunk) and each deallocate() a retire(): 6 of 60 children of a churning
+// parent ran for more than 20 s. So fork() holds every cache itself, through grace's fork
+// hooks (grace/reclaim/detail/fork.h): grace's prepare handler calls hold_every_cache() last,
+// once grace periods and the reclaim workers are held still, and it waits only for the
+// threads that hold a cache, which wait for nothing but the pool's system_allocator while
+// they do (P3). The copy then holds no half-done change to a cache, and the parent's and the
+// child's handlers let every cache go first. The chunk lock and the trim flags, which threads
+// take outside any cache hold, keep their fork generation tags (P5).
+namespace {
+// The live pools. Constructors push onto new_pools, a lock-free stack (a constructor may run
+// inside a read section or a deleter, which a fork waits for: it must never wait for the
+// fork); whoever holds pools_mutex (a destructor, the fork) moves them into live_pools first.
+constinit std::mutex pools_mutex;  // held by fork() from hold_every_cache() to the release
+constinit pool_core* live_pools = nullptr;
+constinit std::atomic<pool_core*> new_pools{nullptr};
+
+// pools_mutex held: moves the pools constructed since into live_pools.
+void splice_new_pools() noexcept {
+  // Acquire: the pushed pools and their links; pairs with the Release CAS in add_for_fork().
+  pool_core* core = new_pools.exchange(nullptr, std::memory_order_acquire);
+  while (core != nullptr) {
+    pool_core* next = core->fork_next;
+    core->fork_prev = nullptr;
+    core->fork_next = live_pools;
+    if (live_pools != nullptr) live_pools->fork_prev = core;
+    live_pools = core;
+    core = next;
+  }
+}
+}  // namespace
+
+// Set while the program starts (before any pool can exist), not at the first pool: a fork
+// whose prepare ran before the first pool was built would call no hook, so its child would
+// not mark that pool fork_skip, and the child's next fork would wait on a cache a thread of
+// the parent held at the copy.
+constexpr fork_hooks kForkHooks{&pool_core::hold_every_cache,
+                                &pool_core::release_every_cache_in_parent,
+                                &pool_core::release_every_cache_in_child};
+[[maybe_unused]] const bool fork_hooks_set = (set_fork_hooks(&kForkHooks), true);
+
+void pool_core::add_for_fork(pool_core& core) noexcept {
+  pool_core* head = new_pools.load(std::memory_order_relaxed);
+  do {
+    core.fork_next = head;
+    // Release: the built pool and its link reach the thread that splices it; pairs with the
+    // Acquire exchange in splice_new_pools().
+  } while (!new_pools.compare_exchange_weak(head, &core, std::memory_order_release,
+                                            std::memory_order_relaxed));
+}
+
+void pool_core::remove_for_fork(pool_core& core) noexcept {
+  std::lock_guard lock(pools_mutex);
+  splice_new_pools();
+  if (core.fork_prev != nullptr) {
+    core.fork_prev->fork_next = core.fork_next;
+  } else {
+    live_pools = core.fork_next;
+  }
+  if (core.fork_next != nullptr) core.fork_next->fork_prev = core.fork_prev;
+  core.fork_prev = core.fork_next = nullptr;
+}
+
+void pool_core::hold_every_cache() noexcept {
+  pools_mutex.lock();
+  splice_new_pools();  // a pool constructed after this point is not held by this fork
+  for (pool_core* core = live_pools; core != nullptr; core = core->fork_next) {
+    if (core->fork_skip) continue;
+    object_pool& pool = core->pool;
+    for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
+      // Acquire (A1): the holder's changes are complete before the copy; pairs with (A2).
+      while (pool.caches_[i].held.exchange(true, std::memory_order_acquire)) {
+        std::this_thread::yield();
+      }
+    }
+  }
+}
+
+void pool_core::release_every_cache() noexcept {
+  for (pool_core* core = live_pools; core != nullptr; core = core->fork_next) {
+    if (core->fork_skip) continue;
+    object_pool& pool = core->pool;
+    for (unsigned i = 0; i <= pool.cache_mask_; ++i) pool.release_hold(pool.caches_[i]);
+  }
+}
+
+void pool_core::release_every_cache_in_parent() noexcept {
+  release_every_cache();
+  pools_mutex.unlock();
+}
+
+void pool_core::release_every_cache_in_child() noexcept {
+  release_every_cache();
+  // Pools constructed after the hold spliced the list were not held by this fork: marked,
+  // they stay on the stack for the next splice (destructors still find them).
+  // Relaxed: the child's only thread.
+  for (pool_core* core = new_pools.load(std::memory_order_relaxed); core != nullptr;
+       core = core->fork_next) {
+    core->fork_skip = true;
+  }
+  // Locked by this thread in hold_every_cache(); a fresh mutex rather than an unlock, as
+  // grace's own handlers do, before any thread of the child can wait on it.
+  new (&pools_mutex) std::mutex();
+}
+
 }  // namespace grace::detail
 
 namespace grace {
@@ -985,10 +1110,12 @@ object_pool::object_pool(std::size_t object_size, pool_options options, domain& 
       static_cast<std::uint32_t>(options_.batch), options_.low_watermark,
       options_.high_watermark, options_.gp_request_threshold, options_.caller_gp_threshold,
       detail::kDepotSlotsPerCache * (cache_mask_ + 1));
+  detail::pool_core::add_for_fork(*core_);  // see "fork()"
 }
 
 object_pool::~object_pool() {
   detail::pool_core& core = *core_;
+  detail::pool_core::remove_for_fork(core);  // no thread may use the pool any more
   // Objects still waiting may be in use by readers that began before their deallocate():
   // wait for them once, and for every retire() the pool made (shed magazines, trim passes).
   // SeqCst: see trim_pass(); from here on no pass trims or reschedules.

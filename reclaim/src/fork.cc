@@ -121,6 +121,15 @@ constinit int registration_result = 0;  // written by register_handlers(), read 
 // Relaxed: written and read by the forking thread and the child's only thread.
 constinit std::atomic<bool> handlers_listed{false};
 
+// --- the layers' hooks (detail/fork.h) --------------------------------------------------------
+// The layer's hooks, one set: published whole by set_fork_hooks(), loaded once by prepare
+// into hooks_this_fork, which the parent's and the child's handlers use, so a fork never
+// releases what it did not hold. Release (set_fork_hooks) / Acquire (prepare): the layer is
+// set up before its hooks are called.
+constinit std::atomic<const fork_hooks*> layer_hooks{nullptr};
+// Written by prepare, read by the parent's or the child's handler: the forking thread only.
+constinit const fork_hooks* hooks_this_fork = nullptr;
+
 // --- the engine list --------------------------------------------------------------------------
 // Held from prepare to the parent's or the child's handler, so engines neither come nor go
 // during a fork. Engine threads never take it.
@@ -170,9 +179,15 @@ void prepare_fork() noexcept {
   close_gate(gp_gate_word);
   close_gate(registry_gate_word);
   for_each_engine([](reclaim_engine& e) { e.hold_shards_for_fork(); });
+  // Last: the layer's holds wait only for their holders, whom nothing above holds up.
+  // Acquire: see layer_hooks.
+  hooks_this_fork = layer_hooks.load(std::memory_order_acquire);
+  if (hooks_this_fork != nullptr) hooks_this_fork->hold();
 }
 
 void parent_after_fork() noexcept {
+  // First: the reverse of prepare.
+  if (hooks_this_fork != nullptr) hooks_this_fork->release_in_parent();
   const std::uint32_t generation = fork_generation;
   for_each_engine([](reclaim_engine& e) { e.release_shards_after_fork(); });
   open_gate(registry_gate_word);
@@ -191,6 +206,8 @@ void child_after_fork() noexcept {
   // Relaxed: no other thread exists to observe them.
   gp_gate_word.store(0, std::memory_order_relaxed);
   registry_gate_word.store(0, std::memory_order_relaxed);
+  // Before any thread starts or any deleter runs (a deleter may construct a pool).
+  if (hooks_this_fork != nullptr) hooks_this_fork->release_in_child();
   // Before any thread is created: a new thread may reuse a dead one's stack.
   std::size_t adopted_count = 0;
   adopted_reclaim* adopted = forget_other_threads_after_fork_child(adopted_count);
@@ -238,6 +255,11 @@ batch_node* drop_barrier_markers(batch_node* chain) noexcept {
 std::uint32_t process_fork_generation() noexcept {
   // Relaxed: see forks_in_lineage.
   return forks_in_lineage.load(std::memory_order_relaxed);
+}
+
+void set_fork_hooks(const fork_hooks* hooks) noexcept {
+  // Release: see layer_hooks.
+  layer_hooks.store(hooks, std::memory_order_release);
 }
 
 int install_fork_handlers() noexcept {

@@ -166,19 +166,74 @@ int child_keeps_reusing_chunks(std::unique_ptr<grace::object_pool> pool, grace::
   return 0;
 }
 
+// A thread of the parent holds the chunk lock at the copy. fork() holds every pool cache
+// itself (alloc/src/object_pool.cc, "fork()"), so only a thread outside any cache hold can:
+// one in the all-caches-held fallback. So every cache is held first, by threads parked
+// inside the pool's system_allocator (under their hold) until a thread has parked in the
+// fallback, holding the chunk lock. The fork waits for the cache holders, not for it.
+std::atomic<int> cache_park_budget{0};  // SeqCst throughout: test signalling
+std::atomic<int> cache_holders_parked{0};
+thread_local bool tl_parked_in_allocator = false;
+
+void* allocate_parking_once(std::size_t bytes, std::size_t alignment, void* context) noexcept {
+  if (!tl_parked_in_allocator) {
+    int budget = cache_park_budget.load();
+    while (budget > 0 && !cache_park_budget.compare_exchange_weak(budget, budget - 1)) {
+    }
+    if (budget > 0) {
+      tl_parked_in_allocator = true;
+      cache_holders_parked.fetch_add(1);
+      // Until the fallback thread holds the chunk lock (while every cache is held), then a
+      // little more: the fork then waits for these holds, and for them only.
+      while (!parked.load()) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  return grace::system_allocator::malloc_allocate(bytes, alignment, context);
+}
+
 TEST_F(ObjectPoolChunkLock, TheChildOfAForkTakesOverTheLockAThreadOfTheParentHeld) {
   grace::domain d(quiet());
-  auto pool = std::make_unique<grace::object_pool>(kObjectSize, small_pool(), d);
-  std::thread holder = park_a_holder(*pool, d);
+  grace::pool_options options = small_pool();
+  options.allocator = {&allocate_parking_once, &grace::system_allocator::malloc_deallocate,
+                       nullptr};
+  auto pool = std::make_unique<grace::object_pool>(kObjectSize, options, d);
+  const unsigned caches = grace::detail::cpu_shard_count();
+  cache_park_budget.store(static_cast<int>(caches));
+  std::vector<std::thread> cache_holders;
+  std::vector<void*> held_objects(caches + 1);
+  std::atomic<bool> forked{false};  // SeqCst: test signalling
+  for (unsigned k = 0; k < caches; ++k) {
+    cache_holders.emplace_back([&, k] {
+      held_objects[k] = pool->allocate();
+      // Not ending (and freeing this thread's state) while the fork copies: under ASan no
+      // thread may be inside malloc at the copy.
+      while (!forked.load()) std::this_thread::sleep_for(1ms);
+    });
+    ASSERT_TRUE(gt::eventually([&] { return cache_holders_parked.load() > static_cast<int>(k); },
+                               30s))
+        << "no thread parked holding cache " << k;
+  }
+  // Every cache is held: this allocate() takes the fallback, and parks holding the lock.
+  std::thread holder([&] {
+    tl_parks = true;
+    park_armed.store(true);
+    held_objects[caches] = pool->allocate();
+  });
+  ASSERT_TRUE(gt::eventually([] { return parked.load(); }, 30s))
+      << "the thread never held the chunk lock";
   const pid_t child = fork();
   ASSERT_NE(child, -1);
   if (child == 0) _exit(child_keeps_reusing_chunks(std::move(pool), d));
+  forked.store(true);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   unpark.store(true);
   holder.join();
+  for (std::thread& t : cache_holders) t.join();
   EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the child failed (its stderr says how)";
+  for (void* object : held_objects) pool->deallocate(object);
   // The parent's pool is unaffected.
   churn_round(*pool, d, 1000);
   const grace::pool_stats s = pool->stats();

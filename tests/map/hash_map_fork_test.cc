@@ -10,12 +10,11 @@
 //   - Under AddressSanitizer (GCC 12's libasan takes no lock around fork()), a child whose
 //     parent had another thread inside malloc at the fork can deadlock in its own malloc.
 //     The map updated across forks therefore takes its pool's and its domain's memory from
-//     mmap() (kMappingAllocator) and never resizes, so its updater never calls malloc, and
+//     mmap() (gt::mapping_allocator) and never resizes, so its updater never calls malloc, and
 //     the updater is running (a starting thread allocates) before the first fork.
 #include "grace/map/hash_map.h"
 
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -153,33 +152,6 @@ TEST(HashMapFork, TheChildFindsInsertsErasesClearsAndDestroysAMapItsParentFilled
 
 // --- a map another thread of the parent updates across forks ---------------------------------
 
-// Every request mapped on its own (page-granular, aligned by trimming an over-sized mapping).
-// Never calls malloc: see the file comment.
-void* map_pages(std::size_t bytes, std::size_t alignment, void*) noexcept {
-  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t size = (bytes + page - 1) / page * page;
-  const std::size_t slack = alignment > page ? alignment : 0;
-  void* raw = ::mmap(nullptr, size + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
-  if (raw == MAP_FAILED) return nullptr;
-  const auto start = reinterpret_cast<std::uintptr_t>(raw);
-  const std::uintptr_t aligned =
-      slack == 0 ? start : (start + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
-  if (aligned != start) ::munmap(raw, aligned - start);
-  const std::uintptr_t end = start + size + slack;
-  if (end != aligned + size) {
-    ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
-  }
-  return reinterpret_cast<void*>(aligned);
-}
-
-void unmap_pages(void* memory, std::size_t bytes, void*) noexcept {
-  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  ::munmap(memory, (bytes + page - 1) / page * page);
-}
-
-constexpr grace::system_allocator kMappingAllocator{&map_pages, &unmap_pages, nullptr};
-
 using u64_map = grace::hash_map<std::uint64_t, std::uint64_t>;
 
 constexpr std::uint64_t kUpdaterKeys = 512;          // the parent's thread: [0, 512)
@@ -191,12 +163,12 @@ constexpr std::uint64_t updater_value(std::uint64_t key, std::uint64_t round) {
 
 #if !GRACE_TESTING_TSAN  // see above: the child starts threads
 TEST(HashMapFork, TheChildUsesAMapThatAnotherThreadOfTheParentWasUpdatingAtTheFork) {
-  grace::domain d({.allocator = kMappingAllocator});
+  grace::domain d({.allocator = gt::mapping_allocator});
   grace::hash_map_options options;
   options.reclamation = &d;
   // One fixed size: a resize allocates its bucket level with malloc (see the file comment).
   options.initial_buckets = options.min_buckets = options.max_buckets = 4096;
-  options.pool.allocator = kMappingAllocator;
+  options.pool.allocator = gt::mapping_allocator;
   u64_map map(options);
   for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) map.insert(key, updater_value(key, 0));
 

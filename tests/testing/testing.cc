@@ -1,6 +1,7 @@
 #include "tests/testing/testing.h"
 
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -247,5 +248,33 @@ int wait_for_child(pid_t pid) noexcept {
   }
   return ::testing::AssertionFailure() << "unexpected wait status " << status;
 }
+
+namespace {
+void* map_pages(std::size_t bytes, std::size_t alignment, void*) noexcept {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t size = (bytes + page - 1) / page * page;
+  const std::size_t slack = alignment > page ? alignment : 0;
+  void* raw = ::mmap(nullptr, size + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned =
+      slack == 0 ? start : (start + alignment - 1) & ~(std::uintptr_t{alignment} - 1);
+  if (aligned != start) ::munmap(raw, aligned - start);
+  const std::uintptr_t end = start + size + slack;
+  if (end != aligned + size) {
+    ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  }
+  return reinterpret_cast<void*>(aligned);
+}
+
+void unmap_pages(void* memory, std::size_t bytes, void*) noexcept {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  ::munmap(memory, (bytes + page - 1) / page * page);
+}
+
+}  // namespace
+
+const grace::system_allocator mapping_allocator{&map_pages, &unmap_pages, nullptr};
 
 }  // namespace grace::testing

@@ -16,6 +16,7 @@
 //   - eventually(): polls a condition until it holds or a timeout passes.
 //   - failing_allocator: a grace::system_allocator that fails the Nth allocation, or every
 //     allocation while a flag is set, and counts what is live.
+//   - mapping_allocator: a grace::system_allocator that never calls malloc (fork tests).
 //   - instance_tracker and tracked: objects with a canary that count their destruction per id.
 //   - current_rss_bytes(): resident set size from /proc/self/statm.
 #pragma once
@@ -194,6 +195,12 @@ class failing_allocator {
   std::atomic<std::int64_t> live_allocations_{0};
   std::atomic<std::int64_t> live_bytes_{0};
 };
+
+// Every request mapped on its own (page-granular, aligned by trimming an over-sized mapping):
+// never calls malloc. For fork() tests under AddressSanitizer, whose allocator (GCC 12) takes
+// no lock around fork(): a child whose parent had another thread inside malloc at the copy
+// can deadlock in its own malloc, so threads that run at the fork use this.
+extern const grace::system_allocator mapping_allocator;
 
 // ---------------------------------------------------------------------------------------------
 // Instance tracking.

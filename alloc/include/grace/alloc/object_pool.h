@@ -73,7 +73,9 @@ struct pool_options {
   // (alloc/README.md, "Who drives grace periods"). 0 disables both: allocate() and
   // deallocate() then never run a grace period.
   std::size_t caller_gp_threshold = 16384;
-  // Where chunks and magazines come from.
+  // Where chunks and magazines come from. Called while a cache is held, so it must not wait
+  // for anything a fork() holds (grace, another thread's fork, or a lock that a
+  // pthread_atfork prepare handler registered after grace's takes), nor fork itself.
   system_allocator allocator{};
 };
 

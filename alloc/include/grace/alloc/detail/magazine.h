@@ -26,7 +26,10 @@
 //        from a chunk): a full grace period has passed since its deallocate(). Only such
 //        objects are handed out by allocate() (with reuse_after_gp; the `immediate` reference
 //        mode skips the wait and is unsafe for readers).
-//   (P3) A cache's lists are touched only by the thread holding it (held == true).
+//   (P3) A cache's lists are touched only by the thread holding it (held == true). A holder
+//        waits for nothing but the pool's system_allocator while it holds: no lock, fork
+//        gate, retire(), grace period, or pool construction or destruction (fork() relies
+//        on it: it holds every cache itself, waiting for the holders; object_pool.cc).
 //   (P4) A magazine in a depot slot is owned by the slot; it moves out by one exchange.
 //   (P5) A chunk's free-slot bitmap and free_slots, and the pool's lists of chunks with
 //        free slots (partial_head, partial_chunks) and of chunks with no slot in use

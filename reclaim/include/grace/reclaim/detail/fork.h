@@ -17,4 +17,20 @@ namespace grace::detail {
 
 std::uint32_t process_fork_generation() noexcept;
 
+// A layer above whose threads hold per-CPU state for a few instructions at a time (alloc/'s
+// pool caches) lets fork() hold all of it across the copy: grace's prepare handler calls
+// `hold` last, once grace periods, the reclaim workers and the retire shards are held
+// still, so `hold` waits only for threads inside those short holds (which wait for nothing a
+// fork holds); the parent's and the child's handlers call their `release` first, before any
+// thread of grace restarts (another library's child handler registered before grace's
+// runs earlier, and meets the layer's state still held). A layer passes the same static
+// set every time (at each pool's construction); a fork whose prepare handler began before
+// the first set calls none of them.
+struct fork_hooks {
+  void (*hold)() noexcept;
+  void (*release_in_parent)() noexcept;
+  void (*release_in_child)() noexcept;
+};
+void set_fork_hooks(const fork_hooks* hooks) noexcept;
+
 }  // namespace grace::detail
