@@ -28,6 +28,9 @@ void untagged_check_failed(const void* address) noexcept {
 
 namespace {
 
+// The largest distance to a resize that the look schedule counts (beyond it: as good as never).
+constexpr double kMaxLookDistance = 0x1p40;
+
 unsigned log2_ceil(std::size_t n) noexcept {
   return static_cast<unsigned>(std::bit_width(std::max<std::size_t>(n, 1) - 1));
 }
@@ -294,26 +297,55 @@ bool split_list::roll_back_abandoned_level() noexcept {
 }
 
 void split_list::consider_resize_slow() noexcept {
-  if (!try_begin_resize()) return;  // one resizer at a time
+  if (!try_begin_resize()) return;  // one resizer at a time: it schedules the next look
   if (!roll_back_abandoned_level()) {
+    schedule_next_look(0);  // inside a read section: look again soon
     end_resize();
     return;
   }
-  const double elements = static_cast<double>(size());
+  std::size_t elements = size();
   // Relaxed: we are the only resizer.
   const unsigned current = size_log2_.load(std::memory_order_relaxed);
   const double buckets = std::ldexp(1.0, static_cast<int>(current));
-  if (elements > buckets * config_.grow_load_factor && current < max_log2_) {
-    const auto wanted = static_cast<std::size_t>(elements / config_.grow_load_factor) + 1;
+  const auto count = static_cast<double>(elements);
+  if (count > buckets * config_.grow_load_factor && current < max_log2_) {
+    const auto wanted = static_cast<std::size_t>(count / config_.grow_load_factor) + 1;
     grow_to(std::min(max_log2_, log2_ceil(wanted)));
   } else if (const unsigned floor = floor_log2();
-             elements < buckets * config_.shrink_load_factor && current > floor &&
+             count < buckets * config_.shrink_load_factor && current > floor &&
              !in_read_section()) {
     // Hysteresis: shrink to half the grow load factor, not to the edge of growing again.
-    const auto wanted = static_cast<std::size_t>(2.0 * elements / config_.grow_load_factor) + 1;
+    const auto wanted = static_cast<std::size_t>(2.0 * count / config_.grow_load_factor) + 1;
     shrink_to(std::max(floor, log2_ceil(wanted)));
   }
+  // Relaxed: as above. A resize took time (a shrink waits for grace periods): count again.
+  const unsigned now = size_log2_.load(std::memory_order_relaxed);
+  if (now != current) elements = size();
+  schedule_next_look(changes_until_resize_due(elements, now));
   end_resize();
+}
+
+std::uint64_t split_list::changes_until_resize_due(std::size_t elements,
+                                                   unsigned size_log2) const noexcept {
+  const double buckets = std::ldexp(1.0, static_cast<int>(size_log2));
+  const auto count = static_cast<double>(elements);
+  double distance = kMaxLookDistance;
+  if (size_log2 < max_log2_) distance = buckets * config_.grow_load_factor - count;
+  if (size_log2 > floor_log2()) {
+    // A shrink the caller's read section held back is due now: distance 0.
+    distance = std::min(distance, count - buckets * config_.shrink_load_factor);
+  }
+  return distance <= 0 ? 0 : static_cast<std::uint64_t>(std::min(distance, kMaxLookDistance));
+}
+
+void split_list::schedule_next_look(std::uint64_t distance) noexcept {
+  // Every CPU looks after its own share of the distance: by the time the size has moved
+  // that far, at least one of them has.
+  const std::uint64_t share = distance / (std::uint64_t{counter_mask_} + 1);
+  // Relaxed: we are the only resizer.
+  const std::uint64_t at_least = size_log2_.load(std::memory_order_relaxed) > 8 ? 64 : 1;
+  // Relaxed: see the member.
+  look_interval_.store(std::max(share, at_least), std::memory_order_relaxed);
 }
 
 void split_list::reserve(std::size_t elements) {

@@ -395,7 +395,7 @@ TEST(ObjectPoolStress, AThreadReleasingToAChunkNeverTouchesItAfterAnotherThreadF
   // memory that is gone: a fault here (plain, asan), or a race report under TSan. In plain
   // and asan builds this is probabilistic (the non-last releaser must be preempted between
   // its release and such a read); under TSan every such read is reported.
-  const std::array<int, 2> cpus = ga::two_cpus_with_their_own_caches();
+  const std::array<int, 2> cpus = gt::two_cpus_with_their_own_shards();
   if (cpus[0] < 0) GTEST_SKIP() << "needs two CPUs with different pool caches";
   quarantine_allocator memory;
   std::uint64_t rounds = 0;
@@ -425,7 +425,7 @@ TEST(ObjectPoolStress, AThreadReleasingToAChunkNeverTouchesItAfterAnotherThreadF
       gt::run_threads(2, [&](unsigned index) {
         // Each thread on its own CPU, so each takes its own cache: nothing but the chunk's
         // counter orders their releases.
-        EXPECT_TRUE(ga::pin_to_cpu(cpus[index]));
+        EXPECT_TRUE(gt::pin_to_cpu(cpus[index]));
         for (void* object : halves[index]) pool.deallocate(object);
       });
       ++rounds;

@@ -1253,7 +1253,7 @@ TEST(ObjectPool, ObjectsFreedOnACpuThatNeverAllocatesAreReusedByTheCpuThatAlloca
   // fresh. A consumer that kept its ready objects for itself (up to one grace period's worth
   // under the default caller_gp_threshold) made the producer cut ~16k fresh objects first,
   // and the map's add_del_on_diff_cpu cut three in four of its elements fresh.
-  const std::array<int, 2> cpus = ga::two_cpus_with_their_own_caches();
+  const std::array<int, 2> cpus = gt::two_cpus_with_their_own_shards();
   if (cpus[0] < 0) GTEST_SKIP() << "needs two CPUs with different pool caches";
   constexpr int kRounds = 200;
   constexpr int kWarmupRounds = 10;
@@ -1264,7 +1264,7 @@ TEST(ObjectPool, ObjectsFreedOnACpuThatNeverAllocatesAreReusedByTheCpuThatAlloca
   std::barrier<> step(2);
   std::uint64_t fresh_after_warmup = 0;
   gt::run_threads(2, [&](unsigned index) {
-    ASSERT_TRUE(ga::pin_to_cpu(cpus[index]));
+    ASSERT_TRUE(gt::pin_to_cpu(cpus[index]));
     for (int r = 0; r < kRounds; ++r) {
       if (index == 0) {  // producer
         if (r == kWarmupRounds) fresh_after_warmup = pool.stats().fresh;

@@ -495,31 +495,4 @@ class pin_to_current_cpu {
   bool pinned_ = false;
 };
 
-// Keeps the calling thread on `cpu` from now on; false if it could not.
-inline bool pin_to_cpu(int cpu) {
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  return ::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one) == 0;
-}
-
-// Two CPUs this process may run on whose pool caches differ (the pool indexes its caches by
-// CPU number modulo their power-of-two count), or {-1, -1}.
-inline std::array<int, 2> two_cpus_with_their_own_caches() {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {-1, -1};
-  const int caches = static_cast<int>(grace::detail::cpu_shard_count());
-  int first = -1;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &allowed)) continue;
-    if (first < 0) {
-      first = cpu;
-    } else if (cpu % caches != first % caches) {
-      return {first, cpu};
-    }
-  }
-  return {-1, -1};
-}
-
 }  // namespace grace::testing::alloc

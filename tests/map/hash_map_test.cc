@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <bit>
@@ -44,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "grace/reclaim/detail/cpu.h"
 #include "grace/reclaim/domain.h"
 #include "grace/reclaim/read_guard.h"
 #include "tests/map/map_testing.h"
@@ -743,6 +745,40 @@ TEST(HashMap, TableGrowsSoTheLoadFactorStaysAtOrBelowTheGrowLoadFactor) {
   }
   EXPECT_EQ(map.stats().buckets, 256u);
   EXPECT_GE(map.stats().grows, 1u);
+}
+
+// Each CPU counts the changes it makes and looks at the load factor after its share of the
+// distance to the nearest threshold (at least 64 changes once the table is past 256 buckets).
+// Spreading one thread's updates over two CPUs whose counters differ catches a schedule that
+// forgets the other CPUs' share: the table would then pass a threshold by the whole distance.
+TEST(HashMap, UpdatesSpreadOverCpusResizeLargeTablesWithinAFewUpdatesOfEachThreshold) {
+  const gt::saved_affinity restore_at_exit;
+  const std::array<int, 2> cpus = gt::two_cpus_with_their_own_shards();
+  u64_map map(resize_options(512, 1 << 16));
+  // Per CPU, at most 64 changes pass unlooked-at near a threshold.
+  const double slack = 64.0 * static_cast<double>(grace::detail::cpu_shard_count());
+  const auto on_cpu_of = [&](std::uint64_t k) {
+    if (cpus[0] >= 0) {
+      ASSERT_TRUE(gt::pin_to_cpu(cpus[k % 2]));
+    }
+  };
+  for (std::uint64_t k = 0; k < 40'000; ++k) {
+    ASSERT_NO_FATAL_FAILURE(on_cpu_of(k));
+    ASSERT_TRUE(map.insert(k, k));
+    const grace::hash_map_stats s = map.stats();
+    ASSERT_LE(static_cast<double>(s.size), static_cast<double>(s.buckets) + slack)
+        << "size " << s.size << ", buckets " << s.buckets;
+  }
+  ASSERT_GE(map.stats().grows, 1u);
+  for (std::uint64_t k = 0; k < 40'000; ++k) {
+    ASSERT_NO_FATAL_FAILURE(on_cpu_of(k));
+    ASSERT_TRUE(map.erase(k));
+    const grace::hash_map_stats s = map.stats();
+    ASSERT_TRUE(s.buckets == 512 ||
+                static_cast<double>(s.size) + slack >= 0.125 * static_cast<double>(s.buckets))
+        << "size " << s.size << ", buckets " << s.buckets;
+  }
+  EXPECT_EQ(map.stats().buckets, 512u);
 }
 
 TEST(HashMap, TableShrinksWithHysteresisDownToMinBuckets) {

@@ -1,5 +1,7 @@
 #include "tests/testing/testing.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -12,6 +14,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <utility>
+
+#include "grace/reclaim/detail/cpu.h"
 
 namespace grace::testing {
 
@@ -247,6 +251,39 @@ int wait_for_child(pid_t pid) noexcept {
            << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
   }
   return ::testing::AssertionFailure() << "unexpected wait status " << status;
+}
+
+bool pin_to_cpu(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  return ::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one) == 0;
+}
+
+saved_affinity::saved_affinity() {
+  CPU_ZERO(&allowed_);
+  saved_ = ::pthread_getaffinity_np(::pthread_self(), sizeof(allowed_), &allowed_) == 0;
+}
+
+saved_affinity::~saved_affinity() {
+  if (saved_) ::pthread_setaffinity_np(::pthread_self(), sizeof(allowed_), &allowed_);
+}
+
+std::array<int, 2> two_cpus_with_their_own_shards() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {-1, -1};
+  const int shards = static_cast<int>(grace::detail::cpu_shard_count());
+  int first = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    if (first < 0) {
+      first = cpu;
+    } else if (cpu % shards != first % shards) {
+      return {first, cpu};
+    }
+  }
+  return {-1, -1};
 }
 
 namespace {

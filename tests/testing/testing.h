@@ -22,9 +22,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -276,6 +278,25 @@ std::size_t current_rss_bytes();
 
 // waitpid() that retries on EINTR: the status, or -1.
 int wait_for_child(pid_t pid) noexcept;
+
+// Keeps the calling thread on `cpu` from now on; false if it could not.
+bool pin_to_cpu(int cpu);
+// Puts the calling thread back on the CPUs it was allowed when this was built.
+class saved_affinity {
+ public:
+  saved_affinity();
+  ~saved_affinity();
+  saved_affinity(const saved_affinity&) = delete;
+  saved_affinity& operator=(const saved_affinity&) = delete;
+
+ private:
+  cpu_set_t allowed_;
+  bool saved_;
+};
+// Two CPUs this process may run on whose per-CPU shards differ (pool caches, map counters
+// and retire shards are indexed by CPU number modulo their power-of-two count), or
+// {-1, -1}.
+std::array<int, 2> two_cpus_with_their_own_shards();
 
 // Runs child() in a fork()ed child that _exit()s with child()'s return value, and is killed
 // by SIGALRM if it still runs after `alarm_seconds`; returns the child's wait status, or -1

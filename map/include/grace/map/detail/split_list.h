@@ -202,14 +202,19 @@ class split_list {
   void count(std::int64_t delta) noexcept {
     counter& mine = counters_[current_cpu() & counter_mask_];
     mine.value.fetch_add(delta, std::memory_order_relaxed);
-    // Look at the load factor on every 64th update of each CPU (small tables: every update).
-    // Counting updates, not sampling keys, bounds how far the size drifts between two looks
-    // whichever keys change. The count is a hint: a lost increment only delays a look.
-    const std::uint32_t updates = mine.updates.load(std::memory_order_relaxed) + 1;
-    mine.updates.store(updates, std::memory_order_relaxed);
-    const unsigned size_log2 = size_log2_.load(std::memory_order_relaxed);
-    const std::uint32_t sample_mask = size_log2 > 8 ? 63 : 0;
-    if ((updates & sample_mask) == 0) [[unlikely]] consider_resize_slow();
+    // Look at the load factor once this CPU has counted look_interval_ changes since its
+    // last look. Counting changes, not sampling keys, bounds how far the size drifts between
+    // two looks whichever keys change. Relaxed: the count is a hint; a lost increment only
+    // delays a look.
+    const std::uint64_t magnitude = delta < 0 ? 0 - static_cast<std::uint64_t>(delta)
+                                              : static_cast<std::uint64_t>(delta);
+    const std::uint64_t changes = mine.changes.load(std::memory_order_relaxed) + magnitude;
+    if (changes >= look_interval_.load(std::memory_order_relaxed)) [[unlikely]] {
+      mine.changes.store(0, std::memory_order_relaxed);
+      consider_resize_slow();
+      return;
+    }
+    mine.changes.store(changes, std::memory_order_relaxed);
   }
   std::size_t size() const noexcept;
   std::size_t bucket_count() const noexcept {
@@ -226,6 +231,8 @@ class split_list {
   // Forgets what reserve() asked for (clear()).
   void drop_reservation() noexcept {
     reserved_elements_.store(0, std::memory_order_relaxed);  // Relaxed: see the member.
+    // A shrink may be due now. Relaxed: see the member.
+    look_interval_.store(1, std::memory_order_relaxed);
   }
   // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks, and rolls back a
   // level a fork() left (L8), only outside a read section (they wait for grace periods),
@@ -244,7 +251,7 @@ class split_list {
  private:
   struct alignas(64) counter {
     std::atomic<std::int64_t> value{0};     // inserts minus erases on this CPU
-    std::atomic<std::uint32_t> updates{0};  // counted changes on this CPU, wrapping
+    std::atomic<std::uint64_t> changes{0};  // elements counted on this CPU since its last look
   };
 
   list_node* dummy(std::uint64_t bucket) const noexcept {
@@ -263,6 +270,11 @@ class split_list {
   bool roll_back_abandoned_level() noexcept;
   bool grow_to(unsigned size_log2) noexcept;
   unsigned floor_log2() const noexcept;  // the smallest size a shrink may reach
+  // How many changes of the size may pass, from `elements` at 2^size_log2 buckets, before a
+  // grow or shrink can be due (0: one is due, or held back by the caller's read section).
+  std::uint64_t changes_until_resize_due(std::size_t elements, unsigned size_log2) const noexcept;
+  // The resizer, after every look: sets look_interval_ from that distance.
+  void schedule_next_look(std::uint64_t distance) noexcept;
   void shrink_to(unsigned size_log2) noexcept;
   // Marks and unlinks the dummies of `level`, which size_log2 already excludes, then frees
   // it: the end of a shrink, and the roll-back of (L8).
@@ -280,6 +292,13 @@ class split_list {
   // clear(). 0: none. Relaxed: a hint for the one resizer.
   std::atomic<std::size_t> reserved_elements_{0};
   std::atomic<unsigned> size_log2_{0};
+  // Changes of the size each CPU counts between two looks at the load factor: a share of
+  // the distance to the nearest threshold (no resize can be due before the size has moved
+  // that far), but at least 64 once the table has more than 256 buckets, so that the size's
+  // drift past a threshold stays bounded and the sum of counters stays cheap. Relaxed: a
+  // hint written after each look; a stale value only makes a look earlier or later by one
+  // interval, and clear() looks at once.
+  std::atomic<std::uint64_t> look_interval_{1};
   std::atomic<list_node*> levels_[kMaxLevels]{};
   // 0, or (the fork generation of the process whose thread resizes << 1) | 1.
   std::atomic<std::uint32_t> resizing_{0};
