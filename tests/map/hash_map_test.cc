@@ -606,6 +606,98 @@ TEST(HashMap, StringKeysAndValuesRoundTrip) {
   EXPECT_TRUE(holds_exactly(map, expected));
 }
 
+// Transparent hash and equality for std::string keys, over std::string_view.
+struct string_hash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return absl::Hash<std::string_view>{}(s); }
+};
+struct string_equal {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
+};
+using transparent_string_map = grace::hash_map<std::string, int, string_hash, string_equal>;
+using plain_string_map = grace::hash_map<std::string, int>;
+
+// Without transparent Hash and KeyEqual only a Key (or what converts to one) is taken.
+template <class Map, class K>
+concept finds_by = requires(const Map& m, const K& k) { m.find(k); };
+template <class Map, class K>
+concept erases_by = requires(Map& m, const K& k) { m.erase(k); };
+static_assert(finds_by<transparent_string_map, std::string_view>);
+static_assert(erases_by<transparent_string_map, std::string_view>);
+static_assert(!finds_by<plain_string_map, std::string_view>);
+static_assert(!erases_by<plain_string_map, std::string_view>);
+static_assert(finds_by<plain_string_map, const char*>);  // converts to a Key
+
+// A key that counts how many times one is built, and a transparent hash and equality that
+// also take its id alone.
+struct counted_key {
+  static inline std::atomic<int> built{0};
+  explicit counted_key(std::uint64_t key_id) : id(key_id) { built.fetch_add(1); }
+  counted_key(const counted_key& other) : id(other.id) { built.fetch_add(1); }
+  counted_key& operator=(const counted_key&) = delete;
+  std::uint64_t id;
+};
+std::uint64_t id_of(const counted_key& k) { return k.id; }
+std::uint64_t id_of(std::uint64_t id) { return id; }
+struct id_hash {
+  using is_transparent = void;
+  template <class K>
+  std::size_t operator()(const K& k) const {
+    return absl::Hash<std::uint64_t>{}(id_of(k));
+  }
+};
+struct id_equal {
+  using is_transparent = void;
+  template <class A, class B>
+  bool operator()(const A& a, const B& b) const {
+    return id_of(a) == id_of(b);
+  }
+};
+
+TEST(HashMap, ReadsAndErasesByATransparentKeyBuildNoKey) {
+  grace::hash_map<counted_key, std::uint64_t, id_hash, id_equal> map;
+  for (std::uint64_t id = 0; id < 200; ++id) ASSERT_TRUE(map.insert(counted_key(id), id * 3));
+  const int built = counted_key::built.load();
+  for (std::uint64_t id = 0; id < 400; ++id) {
+    const bool present = id < 200;
+    EXPECT_EQ(map.contains(id), present) << id;
+    EXPECT_EQ(map.find(id), present ? std::optional<std::uint64_t>(id * 3) : std::nullopt) << id;
+    std::uint64_t seen = 0;
+    EXPECT_EQ(map.visit(id, [&](std::uint64_t v) { seen = v; }), present) << id;
+    EXPECT_EQ(seen, present ? id * 3 : 0) << id;
+    auto view = map.pin();
+    EXPECT_EQ(view.contains(id), present) << id;
+    const std::uint64_t* pinned = view.find(id);
+    EXPECT_EQ(pinned != nullptr && *pinned == id * 3, present) << id;
+  }
+  for (std::uint64_t id = 0; id < 200; id += 2) {
+    EXPECT_FALSE(map.erase_if(id, [](std::uint64_t v) { return v % 2 == 1; })) << id;
+    EXPECT_TRUE(map.erase(id)) << id;
+    EXPECT_FALSE(map.erase(id)) << id;
+  }
+  EXPECT_EQ(counted_key::built.load(), built);
+  EXPECT_EQ(map.size(), 100u);
+  for (std::uint64_t id = 0; id < 200; ++id) EXPECT_EQ(map.contains(id), id % 2 == 1) << id;
+}
+
+TEST(HashMap, StringKeysAreFoundAndErasedByStringViewsAndLiterals) {
+  transparent_string_map map;
+  const std::string prefix = "a key long enough to live on the heap #";
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(map.insert(prefix + std::to_string(i), i));
+  ASSERT_TRUE(map.insert("short", -1));
+  for (int i = 0; i < 100; ++i) {
+    const std::string key = prefix + std::to_string(i);
+    EXPECT_EQ(map.find(std::string_view(key)), i);
+  }
+  EXPECT_EQ(map.find("short"), -1);
+  EXPECT_FALSE(map.contains(std::string_view("absent")));
+  EXPECT_TRUE(map.erase(std::string_view("short")));
+  EXPECT_FALSE(map.contains("short"));
+  EXPECT_TRUE(map.erase_if(prefix + "7", [](int v) { return v == 7; }));
+  EXPECT_EQ(map.size(), 99u);
+}
+
 TEST(HashMap, StatsReportSizeBucketsAndTheComponentsBelow) {
   grace::hash_map_options options = resize_options(8, 1024);
   u64_map map(options);

@@ -138,6 +138,13 @@ class hash_map {
   using hasher = Hash;
   using key_equal = KeyEqual;
 
+  // The key types the reads and erases take: Key, and any K when Hash and KeyEqual are both
+  // transparent.
+  template <class K>
+  static constexpr bool lookup_key =
+      std::is_same_v<K, Key> || (requires { typename Hash::is_transparent; } &&
+                                 requires { typename KeyEqual::is_transparent; });
+
   // Throws std::invalid_argument naming a bad option, std::bad_alloc.
   explicit hash_map(hash_map_options options = {}, const Hash& hash = Hash(),
                     const KeyEqual& equal = KeyEqual())
@@ -161,19 +168,35 @@ class hash_map {
 
   // --- reads: wait-free, no shared writes -------------------------------------------------
 
-  std::optional<Value> find(const Key& key) const {
+  // Each read and erase that takes a key also takes, when Hash and KeyEqual both declare
+  // is_transparent, any K they accept without building a Key (heterogeneous lookup, as in
+  // std::unordered_map): find(std::string_view) on std::string keys allocates nothing.
+  // hash(k) must equal hash(Key(k)), and KeyEqual must agree with it.
+
+  std::optional<Value> find(const Key& key) const { return find<Key>(key); }
+  template <class K>
+    requires lookup_key<K>
+  std::optional<Value> find(const K& key) const {
     auto guard = pin_reader();
     const node* n = lookup(key);
     if (n == nullptr) return std::nullopt;
     return n->value;
   }
-  bool contains(const Key& key) const {
+  bool contains(const Key& key) const { return contains<Key>(key); }
+  template <class K>
+    requires lookup_key<K>
+  bool contains(const K& key) const {
     auto guard = pin_reader();
     return lookup(key) != nullptr;
   }
   // Calls f(const Value&) inside a read section, without copying; false if absent.
   template <class F>
   bool visit(const Key& key, F&& f) const {
+    return visit<Key>(key, std::forward<F>(f));
+  }
+  template <class K, class F>
+    requires lookup_key<K>
+  bool visit(const K& key, F&& f) const {
     auto guard = pin_reader();
     const node* n = lookup(key);
     if (n == nullptr) return false;
@@ -185,11 +208,19 @@ class hash_map {
   // read_guard: keep it short, and never call synchronize() or barrier() meanwhile).
   class pinned_view {
    public:
-    const Value* find(const Key& key) const {
+    const Value* find(const Key& key) const { return find<Key>(key); }
+    template <class K>
+      requires lookup_key<K>
+    const Value* find(const K& key) const {
       const node* n = map_.lookup(key);
       return n == nullptr ? nullptr : &n->value;
     }
-    bool contains(const Key& key) const { return map_.lookup(key) != nullptr; }
+    bool contains(const Key& key) const { return contains<Key>(key); }
+    template <class K>
+      requires lookup_key<K>
+    bool contains(const K& key) const {
+      return map_.lookup(key) != nullptr;
+    }
 
    private:
     friend class hash_map;
@@ -264,12 +295,20 @@ class hash_map {
     }
   }
 
-  bool erase(const Key& key) {
+  bool erase(const Key& key) { return erase<Key>(key); }
+  template <class K>
+    requires lookup_key<K>
+  bool erase(const K& key) {
     return erase_if(key, [](const Value&) { return true; });
   }
   // Erases if pred(value) holds for the current value; false if absent or pred says no.
   template <class Pred>
   bool erase_if(const Key& key, Pred&& pred) {
+    return erase_if<Key>(key, std::forward<Pred>(pred));
+  }
+  template <class K, class Pred>
+    requires lookup_key<K>
+  bool erase_if(const K& key, Pred&& pred) {
     const std::uint64_t hash = hash_(key);
     const std::uint64_t so_key = detail::element_so_key(hash);
     bool erased = false;
@@ -425,20 +464,23 @@ class hash_map {
   }
 
   // The reader's walk (M2): skips dummies and marked nodes, never writes.
-  const node* lookup(const Key& key) const {
+  template <class K>
+  const node* lookup(const K& key) const {
     detail::list_node* start;
     return lookup_in_bucket(hash_(key), key, start);
   }
   // The same for a hashed key; `start` receives the dummy of its bucket, where an update
   // that follows the lookup begins its own walk.
-  const node* lookup_in_bucket(std::uint64_t hash, const Key& key,
+  template <class K>
+  const node* lookup_in_bucket(std::uint64_t hash, const K& key,
                                detail::list_node*& start) const {
     unsigned size_log2;
     start = list_.bucket_of(hash, size_log2);
     return lookup_from(start, size_log2, key, detail::element_so_key(hash));
   }
   // `start` is the dummy of the key's bucket at size 2^size_log2.
-  const node* lookup_from(const detail::list_node* start, unsigned size_log2, const Key& key,
+  template <class K>
+  const node* lookup_from(const detail::list_node* start, unsigned size_log2, const K& key,
                           std::uint64_t so_key) const {
     // Acquire (M2): pairs with (M1).
     std::uintptr_t link = start->next.load(std::memory_order_acquire);
@@ -462,7 +504,8 @@ class hash_map {
 
   // Michael's search: like lookup, but unlinks marked nodes on the way (L3) and reports the
   // predecessor, so the caller can CAS.
-  position search(detail::list_node* start, const Key& key, std::uint64_t so_key) {
+  template <class K>
+  position search(detail::list_node* start, const K& key, std::uint64_t so_key) {
   retry:
     detail::list_node* pred = start;
     // Acquire (M2): pairs with (M1).
