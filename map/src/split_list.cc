@@ -296,8 +296,28 @@ bool split_list::roll_back_abandoned_level() noexcept {
   return true;
 }
 
-void split_list::consider_resize_slow() noexcept {
-  if (!try_begin_resize()) return;  // one resizer at a time: it schedules the next look
+bool split_list::consider_resize_slow() noexcept {
+  if (!try_begin_resize()) return false;  // one resizer at a time
+  look_and_resize();
+  return true;
+}
+
+void split_list::resize_if_due() noexcept {
+  if (!wait_for_turn()) return;  // inside a read section, behind another resizer
+  look_and_resize();
+}
+
+bool split_list::wait_for_turn() noexcept {
+  // Outside a read section wait; inside one only try: a shrink holding the turn waits for
+  // this very read section.
+  while (!try_begin_resize()) {
+    if (in_read_section()) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+void split_list::look_and_resize() noexcept {
   if (!roll_back_abandoned_level()) {
     schedule_next_look(0);  // inside a read section: look again soon
     end_resize();
@@ -357,17 +377,16 @@ void split_list::reserve(std::size_t elements) {
   while (reserved < elements &&
          !reserved_elements_.compare_exchange_weak(reserved, elements, std::memory_order_relaxed)) {
   }
-  // Outside a read section reserve() waits its turn; inside one it must not (a shrink holding
-  // the turn waits for this very read section), so there it only tries.
-  while (!try_begin_resize()) {
-    if (in_read_section()) return;
-    std::this_thread::yield();
-  }
+  if (!wait_for_turn()) return;  // inside a read section, behind another resizer
   if (!roll_back_abandoned_level()) {  // inside a read section: grow later
+    schedule_next_look(0);
     end_resize();
     return;
   }
   const bool grown = grow_to(target);
+  // Looks that came due meanwhile found the turn taken: the next one is ours to set.
+  // Relaxed: we are the only resizer.
+  schedule_next_look(changes_until_resize_due(size(), size_log2_.load(std::memory_order_relaxed)));
   end_resize();
   if (!grown) throw std::bad_alloc();
 }

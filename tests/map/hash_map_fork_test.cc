@@ -32,11 +32,13 @@
 #include <thread>
 
 #include "grace/reclaim/domain.h"
+#include "tests/map/map_testing.h"
 #include "tests/testing/testing.h"
 
 namespace {
 
 namespace gt = grace::testing;
+namespace gm = grace::testing::map;
 
 // Under ThreadSanitizer the child of a fork() here starts threads (its domains' engines)
 // although its parent had several: GCC 12's libtsan does not support that (the child dies on
@@ -269,28 +271,6 @@ using counter_map = grace::hash_map<std::uint64_t, std::uint64_t>;
 constexpr std::uint64_t kGrowParentKeys = 200;  // keys the parent inserts in the grow tests
 constexpr std::uint64_t kChurnRange = 2000;     // keys per thread in the churn test
 
-// The resizer pauses in the middle of its first level, between two of its read sections,
-// until the test lets it go. resizer_paused: Release/Acquire, so the forking thread sees what
-// the resizer's thread did before it paused; the other two are Relaxed: polled flags that
-// only pace the threads.
-std::atomic<bool> resizer_paused{false};
-std::atomic<bool> resizer_may_go{false};
-std::atomic<bool> resizer_paused_once{false};
-
-[[maybe_unused]] void pause_resizer_once() {
-  if (resizer_paused_once.exchange(true, std::memory_order_relaxed)) return;
-  resizer_paused.store(true, std::memory_order_release);  // see above
-  while (!resizer_may_go.load(std::memory_order_relaxed)) std::this_thread::sleep_for(1ms);
-}
-
-// Arms pause_resizer_once() for the next resize.
-[[maybe_unused]] void arm_resizer_pause() {
-  resizer_paused.store(false, std::memory_order_relaxed);
-  resizer_may_go.store(false, std::memory_order_relaxed);
-  resizer_paused_once.store(false, std::memory_order_relaxed);
-  grace::detail::resize_half_way_hook.store(&pause_resizer_once, std::memory_order_relaxed);
-}
-
 // In the child: the map holds exactly the keys in [0, present_below) among [0, span), it
 // grows, shrinks and reserves; 0 or an exit code. size() may be off by `size_slack`: an
 // update a thread of the parent had linked but not yet counted at the fork is never counted.
@@ -369,7 +349,7 @@ template <class Child>
 int fork_during_grow(counter_map& map, Child child) {
   constexpr std::uint64_t kBefore = 60;  // below the first grow (64 buckets, load factor 1)
   for (std::uint64_t key = 0; key < kBefore; ++key) EXPECT_TRUE(map.insert(key, key));
-  arm_resizer_pause();
+  gm::arm_resizer_pause();
   std::atomic<std::uint64_t> inserting{0};  // Relaxed: ordered by resizer_paused, the join
   int status;
   {
@@ -380,12 +360,12 @@ int fork_during_grow(counter_map& map, Child child) {
         map.insert(key, key);  // one of these grows the map, and pauses half-way
       }
     });
-    // Acquire: see resizer_paused.
-    while (!resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+    // Acquire: see gm::resizer_paused (map_testing.h).
+    while (!gm::resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
     // The paused insert has linked its key: the child sees [0, inserting].
     const std::uint64_t present_below = inserting.load(std::memory_order_relaxed) + 1;
     status = gt::run_in_child([&] { return child(present_below); });
-    resizer_may_go.store(true, std::memory_order_relaxed);
+    gm::resizer_may_go.store(true, std::memory_order_relaxed);
     resizer.join();
   }
   grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
@@ -424,7 +404,7 @@ TEST(HashMapFork, AShrinkAnotherThreadWasRunningAtTheForkIsRolledBackAndTheChild
   constexpr std::uint64_t kBefore = 2000;  // 2048 buckets
   for (std::uint64_t key = 0; key < kBefore; ++key) ASSERT_TRUE(map.insert(key, key));
   ASSERT_GE(map.stats().buckets, 2048u);
-  arm_resizer_pause();
+  gm::arm_resizer_pause();
   std::atomic<std::uint64_t> erasing{kBefore};  // Relaxed: ordered by resizer_paused, the join
   int status;
   {
@@ -435,13 +415,13 @@ TEST(HashMapFork, AShrinkAnotherThreadWasRunningAtTheForkIsRolledBackAndTheChild
         map.erase(key);  // one of these shrinks the map (2048 -> 512), and pauses half-way
       }
     });
-    // Acquire: see resizer_paused.
-    while (!resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+    // Acquire: see gm::resizer_paused (map_testing.h).
+    while (!gm::resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
     // The paused erase has unlinked its key: the child sees [0, erasing).
     const std::uint64_t present_below = erasing.load(std::memory_order_relaxed);
     status = gt::run_in_child(
         [&] { return check_resizes_after_fork(map, present_below, kBefore); });
-    resizer_may_go.store(true, std::memory_order_relaxed);
+    gm::resizer_may_go.store(true, std::memory_order_relaxed);
     resizer.join();
   }
   grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);

@@ -1,5 +1,6 @@
 // Misuse of grace::hash_map that the library diagnoses instead of corrupting memory quietly:
-// a map destroyed while another thread still uses it (builds with GRACE_CHECK_MISUSE, the
+// a map destroyed while another thread still uses it, and a transparent Hash that hashes a
+// lookup key otherwise than the Key it converts to (builds with GRACE_CHECK_MISUSE, the
 // default without NDEBUG), and a pointer from a pinned view read after the view ended
 // (AddressSanitizer builds, through the element pool's poisoning).
 //
@@ -7,9 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <latch>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "grace/map/hash_map.h"
@@ -68,6 +73,26 @@ TEST(HashMapMisuse, AMapWhoseUsersAllFinishedIsDestroyedWithoutComplaint) {
   });
   user.join();
   delete map;  // aborts if an operation or view were still counted
+}
+
+// Hashes whatever it is given as it is: a const char* by its address, not its characters.
+struct as_given_hash {
+  using is_transparent = void;
+  template <class T>
+  std::size_t operator()(const T& value) const {
+    return std::hash<T>{}(value);
+  }
+};
+
+TEST(HashMapMisuse, ATransparentHashThatHashesALookupKeyOtherwiseThanItsKeyIsReported) {
+  grace::hash_map<std::string, int, as_given_hash, std::equal_to<>> map;
+  ASSERT_TRUE(map.insert("key", 1));
+  const char* key = "key";
+  // Unchecked, both would miss the key that is present.
+  EXPECT_THROW(map.find(key), std::logic_error);
+  EXPECT_THROW(map.erase(key), std::logic_error);
+  EXPECT_EQ(map.find(std::string("key")), 1);
+  EXPECT_EQ(map.size(), 1u);
 }
 
 #endif  // GRACE_CHECK_MISUSE

@@ -847,8 +847,9 @@ TEST(HashMap, UpdatesSpreadOverCpusResizeLargeTablesWithinAFewUpdatesOfEachThres
   const gt::saved_affinity restore_at_exit;
   const std::array<int, 2> cpus = gt::two_cpus_with_their_own_shards();
   u64_map map(resize_options(512, 1 << 16));
-  // Per CPU, at most 64 changes pass unlooked-at near a threshold.
-  const double slack = 64.0 * static_cast<double>(grace::detail::cpu_shard_count());
+  // Per CPU counter in use (two, or one if no two CPUs have counters of their own), at most
+  // 64 changes pass unlooked-at near a threshold.
+  const double slack = 64.0 * 2;
   const auto on_cpu_of = [&](std::uint64_t k) {
     if (cpus[0] >= 0) {
       ASSERT_TRUE(gt::pin_to_cpu(cpus[k % 2]));
@@ -871,6 +872,33 @@ TEST(HashMap, UpdatesSpreadOverCpusResizeLargeTablesWithinAFewUpdatesOfEachThres
         << "size " << s.size << ", buckets " << s.buckets;
   }
   EXPECT_EQ(map.stats().buckets, 512u);
+}
+
+// A look that comes due while another thread holds the resizer's turn (here a reserve()
+// paused half-way) cannot resize: the table must grow soon after the turn is free again, not
+// a whole far-from-threshold interval later.
+TEST(HashMap, ATableThatPassedItsThresholdDuringAnotherResizeGrowsSoonAfterIt) {
+  u64_map map(resize_options(1 << 12, 1 << 22));
+  ASSERT_TRUE(map.insert(0, 0));  // the first look: far below the threshold
+  gm::arm_resizer_pause();
+  std::thread reserver([&] { map.reserve(std::size_t{1} << 13); });
+  // Acquire: see gm::resizer_paused (map_testing.h).
+  while (!gm::resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+  std::uint64_t key = 1;
+  for (; key < 40'000; ++key) ASSERT_TRUE(map.insert(key, key));  // every look: turn taken
+  gm::resizer_may_go.store(true, std::memory_order_relaxed);
+  reserver.join();
+  grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
+  const grace::hash_map_stats reserved = map.stats();
+  ASSERT_EQ(reserved.buckets, std::size_t{1} << 13);
+  const std::uint64_t first_key_after = key;
+  while (map.stats().grows == reserved.grows && key < first_key_after + 100'000) {
+    ASSERT_TRUE(map.insert(key, key));
+    ++key;
+  }
+  // Per CPU, at most 64 changes pass unlooked-at once a resize is due.
+  EXPECT_LE(key - first_key_after, 64 * grace::detail::cpu_shard_count() + 1);
+  EXPECT_GT(map.stats().buckets, reserved.buckets);
 }
 
 TEST(HashMap, TableShrinksWithHysteresisDownToMinBuckets) {

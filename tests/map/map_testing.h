@@ -1,4 +1,4 @@
-// Helpers shared by hash_map_test.cc and hash_map_stress_test.cc (test-only).
+// Helpers shared by the map's tests (test-only).
 //
 //   namespace gm = grace::testing::map;
 //   grace::hash_map<std::uint64_t, gm::checked_value, gm::mod7_hash> map;
@@ -10,11 +10,17 @@
 //     (key, version), so a torn value, or another key's value (a recycled element), fails
 //     valid_for(key).
 //   - mod7_hash: every key in seven buckets (long chains of equal hashes).
+//   - arm_resizer_pause(): the next resize pauses half-way until resizer_may_go is set.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <thread>
 #include <type_traits>
+
+#include "grace/map/detail/split_list.h"
 
 namespace grace::testing::map {
 
@@ -60,5 +66,29 @@ static_assert(std::is_trivially_destructible_v<checked_value>);
 struct mod7_hash {
   std::size_t operator()(std::uint64_t key) const noexcept { return key % 7; }
 };
+
+// The resizer pauses in the middle of its first level, between two of its read sections,
+// until the test lets it go. resizer_paused: Release/Acquire, so a thread that sees it set
+// sees what the resizer's thread did before it paused; the other two are Relaxed: polled
+// flags that only pace the threads.
+inline std::atomic<bool> resizer_paused{false};
+inline std::atomic<bool> resizer_may_go{false};
+inline std::atomic<bool> resizer_paused_once{false};
+
+inline void pause_resizer_once() {
+  if (resizer_paused_once.exchange(true, std::memory_order_relaxed)) return;
+  resizer_paused.store(true, std::memory_order_release);  // see above
+  while (!resizer_may_go.load(std::memory_order_relaxed)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Arms pause_resizer_once() for the next resize (detail::resize_half_way_hook).
+inline void arm_resizer_pause() {
+  resizer_paused.store(false, std::memory_order_relaxed);
+  resizer_may_go.store(false, std::memory_order_relaxed);
+  resizer_paused_once.store(false, std::memory_order_relaxed);
+  grace::detail::resize_half_way_hook.store(&pause_resizer_once, std::memory_order_relaxed);
+}
 
 }  // namespace grace::testing::map

@@ -138,12 +138,15 @@ class hash_map {
   using hasher = Hash;
   using key_equal = KeyEqual;
 
-  // The key types the reads and erases take: Key, and any K when Hash and KeyEqual are both
-  // transparent.
+  // The key types the reads and erases take: Key, and, when Hash and KeyEqual are both
+  // transparent, any K that they accept (other types still convert to a Key).
   template <class K>
   static constexpr bool lookup_key =
-      std::is_same_v<K, Key> || (requires { typename Hash::is_transparent; } &&
-                                 requires { typename KeyEqual::is_transparent; });
+      std::is_same_v<K, Key> ||
+      (requires { typename Hash::is_transparent; } &&
+       requires { typename KeyEqual::is_transparent; } &&
+       std::is_invocable_v<const Hash&, const K&> &&
+       std::is_invocable_r_v<bool, const KeyEqual&, const Key&, const K&>);
 
   // Throws std::invalid_argument naming a bad option, std::bad_alloc.
   explicit hash_map(hash_map_options options = {}, const Hash& hash = Hash(),
@@ -192,7 +195,7 @@ class hash_map {
   // Calls f(const Value&) inside a read section, without copying; false if absent.
   template <class F>
   bool visit(const Key& key, F&& f) const {
-    return visit<Key>(key, std::forward<F>(f));
+    return visit<Key, F>(key, std::forward<F>(f));
   }
   template <class K, class F>
     requires lookup_key<K>
@@ -304,12 +307,12 @@ class hash_map {
   // Erases if pred(value) holds for the current value; false if absent or pred says no.
   template <class Pred>
   bool erase_if(const Key& key, Pred&& pred) {
-    return erase_if<Key>(key, std::forward<Pred>(pred));
+    return erase_if<Key, Pred>(key, std::forward<Pred>(pred));
   }
   template <class K, class Pred>
     requires lookup_key<K>
   bool erase_if(const K& key, Pred&& pred) {
-    const std::uint64_t hash = hash_(key);
+    const std::uint64_t hash = hash_of(key);
     const std::uint64_t so_key = detail::element_so_key(hash);
     bool erased = false;
     {
@@ -349,8 +352,8 @@ class hash_map {
     list_.drop_reservation();
     release_all(/*destroying=*/false);
     // One update of many elements, or none (an empty map that only had a reservation):
-    // look at the load factor now, not at the next sampled update.
-    list_.consider_resize_slow();
+    // look at the load factor now, not at the next scheduled look.
+    list_.resize_if_due();
   }
 
   // Calls f(const Key&, const Value&) for every element, in no particular order, inside one
@@ -467,7 +470,24 @@ class hash_map {
   template <class K>
   const node* lookup(const K& key) const {
     detail::list_node* start;
-    return lookup_in_bucket(hash_(key), key, start);
+    return lookup_in_bucket(hash_of(key), key, start);
+  }
+  // The hash of a key. With GRACE_CHECK_MISUSE, a K other than Key that converts to one
+  // implicitly (a call that, without a transparent Hash, would look the converted Key up)
+  // must hash like that Key: otherwise std::logic_error.
+  template <class K>
+  std::uint64_t hash_of(const K& key) const {
+    const std::uint64_t hash = hash_(key);
+#if GRACE_CHECK_MISUSE
+    if constexpr (!std::is_same_v<K, Key> && std::is_convertible_v<const K&, Key>) {
+      if (hash != static_cast<std::uint64_t>(hash_(Key(key)))) {
+        throw std::logic_error(
+            "grace::hash_map: the transparent Hash gives a lookup key another hash than the Key "
+            "it converts to; heterogeneous lookup needs both to hash alike");
+      }
+    }
+#endif
+    return hash;
   }
   // The same for a hashed key; `start` receives the dummy of its bucket, where an update
   // that follows the lookup begins its own walk.

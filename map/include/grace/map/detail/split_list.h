@@ -210,8 +210,10 @@ class split_list {
                                               : static_cast<std::uint64_t>(delta);
     const std::uint64_t changes = mine.changes.load(std::memory_order_relaxed) + magnitude;
     if (changes >= look_interval_.load(std::memory_order_relaxed)) [[unlikely]] {
-      mine.changes.store(0, std::memory_order_relaxed);
-      consider_resize_slow();
+      // If another thread holds the turn, its look may have missed these changes, and only
+      // its end sets the next look: try again after 64 more (or at once, for short intervals).
+      const bool looked = consider_resize_slow();
+      mine.changes.store(looked || changes < 64 ? 0 : changes - 64, std::memory_order_relaxed);
       return;
     }
     mine.changes.store(changes, std::memory_order_relaxed);
@@ -237,7 +239,11 @@ class split_list {
   // Resizes if the load factor left [shrink, grow]. Grows inline; shrinks, and rolls back a
   // level a fork() left (L8), only outside a read section (they wait for grace periods),
   // otherwise leaves them for a later update; never shrinks below what reserve() asked for.
-  [[gnu::cold, gnu::noinline]] void consider_resize_slow() noexcept;
+  // False, without looking, if another thread holds the resizer's turn.
+  [[gnu::cold, gnu::noinline]] bool consider_resize_slow() noexcept;
+  // The same, but outside a read section it waits for the turn (clear(): whatever a resizer
+  // that ran meanwhile decided, the look that counts comes after the clear).
+  void resize_if_due() noexcept;
 
   // Unlinks `node` (already marked) from the list if still linked, helping along the way;
   // used by updaters whose own unlink CAS failed. Type-erased: reclaims through element_ops.
@@ -264,7 +270,12 @@ class split_list {
   // thread of this process holds it; a turn held under an older fork generation was copied
   // from a thread the process does not have, and is taken over.
   bool try_begin_resize() noexcept;
+  // Outside a read section, waits for the turn; inside one only tries. True if it has it.
+  bool wait_for_turn() noexcept;
   void end_resize() noexcept;
+  // Holding the turn: looks at the load factor, resizes if due, sets the next look, and
+  // ends the turn.
+  void look_and_resize() noexcept;
   // (L8): rolls back a level a fork() left mid-resize. False if there is one and the caller
   // is inside a read section (rolling back waits for grace periods): resize later.
   bool roll_back_abandoned_level() noexcept;
@@ -296,8 +307,8 @@ class split_list {
   // the distance to the nearest threshold (no resize can be due before the size has moved
   // that far), but at least 64 once the table has more than 256 buckets, so that the size's
   // drift past a threshold stays bounded and the sum of counters stays cheap. Relaxed: a
-  // hint written after each look; a stale value only makes a look earlier or later by one
-  // interval, and clear() looks at once.
+  // hint that every turn of the resizer (a look, reserve()) sets before it ends; a CPU whose
+  // look found the turn taken tries again 64 changes later; clear() takes a turn to look.
   std::atomic<std::uint64_t> look_interval_{1};
   std::atomic<list_node*> levels_[kMaxLevels]{};
   // 0, or (the fork generation of the process whose thread resizes << 1) | 1.
