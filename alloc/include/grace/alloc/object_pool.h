@@ -15,8 +15,9 @@
 // built with reuse_after_gp = false, the unsafe speed reference). Objects are never written
 // by the pool while they wait, so readers see them intact until they leave.
 //
-// Memory: per-CPU caches keep between the low and high watermarks of ready objects; surplus
-// moves to a shared depot other CPUs draw from, or back to its chunks. Objects come from
+// Memory: per-CPU caches refill below the low watermark and give surplus above the high one
+// (beyond a grace period's worth, for a cache that allocates) to a shared depot other CPUs
+// draw from, or back to its chunks; an idle cache is trimmed to between the two. Objects come from
 // 64 KiB chunks: a refill takes the free slots of chunks already held before it cuts a new
 // one, and a chunk returns to the system once all its slots are free.
 // Objects waiting for a grace period are bounded by asking the domain for a grace period
@@ -46,9 +47,10 @@ struct pool_core;
 }  // namespace detail
 
 struct pool_options {
-  // Ready objects a CPU cache keeps: below low it refills a batch; above high it sheds down
-  // to (low + high) / 2. 0 picks the BPF allocator's defaults by object size: 32/96/48 up to
-  // 256 bytes, scaled by 256/size above.
+  // Ready objects a CPU cache keeps: below low it refills a batch; above high (plus a grace
+  // period's worth for a cache that allocates) it gives the surplus to the depot; idle, it
+  // is trimmed to (low + high) / 2 (alloc/README.md, "Memory"). 0 picks the BPF allocator's
+  // defaults by object size: 32/96/48 up to 256 bytes, scaled by 256/size above.
   std::size_t low_watermark = 0;
   std::size_t high_watermark = 0;
   std::size_t batch = 0;
@@ -64,7 +66,8 @@ struct pool_options {
   std::size_t gp_request_threshold = 0;
   // Waiting objects in one CPU cache above which the deallocating thread runs a grace period
   // itself, at its next quiescent point (domain::synchronize_when_unpinned()); below it, the
-  // thread also does so when domain::request_gp() says the domain's request has waited long.
+  // thread also does so when domain::request_gp_claiming_overdue() says the domain's request
+  // has waited long.
   // On a busy machine the engine's thread competes for a core with the threads producing
   // garbage; the producers paying for grace periods keeps memory flat and costs far fewer
   // membarrier() calls. Each grace period costs membarrier() IPIs, so the threshold trades
