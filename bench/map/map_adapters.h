@@ -5,6 +5,8 @@
 //     static constexpr const char* kName;           // the map= value
 //     static constexpr bool kConcurrent;            // false: one thread at a time only
 //     struct thread_scope;                          // per-thread setup (liburcu registration)
+//     class batch_scope;                            // RAII: one read section around a batch
+//                                                   // of operations (RCU maps); else nothing
 //     explicit some_map(std::size_t capacity_hint);
 //     bool insert(std::uint64_t key, const value64& value);   // if absent; true if inserted
 //     bool upsert(std::uint64_t key, const value64& value);   // insert_or_assign (BPF_ANY);
@@ -19,6 +21,12 @@
 // Every operation of a map, including its constructor and destructor, runs on a thread that
 // holds the map's thread_scope (cds_lfht needs registered threads for everything, including
 // the destructor's drain).
+//
+// batch_scope: the htab-mem cases run each batch of 64 operations the way the kernel's BPF
+// program does, inside one RCU read section (--read-sections batch, the default). For the
+// RCU maps it enters one, and their operations nest inside it: grace's cost a thread-local
+// increment; cds_lfht's skip their own urcu_memb_read_lock(), as a cds_lfht caller holding
+// the lock around a batch would write them. The other maps take no read section at all.
 //
 // Peers:
 //   grace        grace::hash_map<uint64_t, value64>, default options (global domain);
@@ -75,6 +83,9 @@ class grace_map {
   struct thread_scope {
     thread_scope() { auto g = grace::pin(); }
   };
+  class batch_scope {
+    grace::read_guard guard_;
+  };
 
   explicit grace_map(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
 
@@ -108,6 +119,21 @@ class cds_lfht_map {
     thread_scope& operator=(const thread_scope&) = delete;
   };
 
+  // One read section for a batch; the operations inside it take none of their own.
+  class batch_scope {
+   public:
+    batch_scope() {
+      urcu_memb_read_lock();
+      ++batch_depth;
+    }
+    ~batch_scope() {
+      --batch_depth;
+      urcu_memb_read_unlock();
+    }
+    batch_scope(const batch_scope&) = delete;
+    batch_scope& operator=(const batch_scope&) = delete;
+  };
+
   explicit cds_lfht_map(std::size_t capacity_hint) {
     // Start liburcu's call_rcu worker now, not in the timed loop.
     (void)urcu_memb_get_default_call_rcu_data();
@@ -139,16 +165,16 @@ class cds_lfht_map {
   // Looks first (as a caller would), so a present key costs no malloc/free.
   bool insert(std::uint64_t key, const value64& value) {
     const unsigned long hash = hash_of(key);
-    urcu_memb_read_lock();
-    cds_lfht_iter iter;
-    cds_lfht_lookup(table_, hash, &match, &key, &iter);
-    if (cds_lfht_iter_get_node(&iter) != nullptr) {
-      urcu_memb_read_unlock();
-      return false;
+    lfht_node* fresh;
+    cds_lfht_node* got;
+    {
+      const op_section section;
+      cds_lfht_iter iter;
+      cds_lfht_lookup(table_, hash, &match, &key, &iter);
+      if (cds_lfht_iter_get_node(&iter) != nullptr) return false;
+      fresh = make_node(key, value);
+      got = cds_lfht_add_unique(table_, hash, &match, &key, &fresh->node);
     }
-    lfht_node* fresh = make_node(key, value);
-    cds_lfht_node* got = cds_lfht_add_unique(table_, hash, &match, &key, &fresh->node);
-    urcu_memb_read_unlock();
     if (got != &fresh->node) {
       std::free(fresh);  // never published
       return false;
@@ -157,38 +183,47 @@ class cds_lfht_map {
   }
   bool upsert(std::uint64_t key, const value64& value) {
     lfht_node* fresh = make_node(key, value);
-    urcu_memb_read_lock();
+    const op_section section;
     cds_lfht_node* old = cds_lfht_add_replace(table_, hash_of(key), &match, &key, &fresh->node);
     if (old != nullptr) urcu_memb_call_rcu(&node_of(old)->head, &free_node);
-    urcu_memb_read_unlock();
     return old == nullptr;
   }
   bool erase(std::uint64_t key) {
-    bool erased = false;
-    urcu_memb_read_lock();
+    const op_section section;
     cds_lfht_iter iter;
     cds_lfht_lookup(table_, hash_of(key), &match, &key, &iter);
-    if (cds_lfht_node* n = cds_lfht_iter_get_node(&iter); n != nullptr) {
-      if (cds_lfht_del(table_, n) == 0) {
-        urcu_memb_call_rcu(&node_of(n)->head, &free_node);
-        erased = true;
-      }
-    }
-    urcu_memb_read_unlock();
-    return erased;
+    cds_lfht_node* n = cds_lfht_iter_get_node(&iter);
+    if (n == nullptr || cds_lfht_del(table_, n) != 0) return false;
+    urcu_memb_call_rcu(&node_of(n)->head, &free_node);
+    return true;
   }
   template <class F>
   bool visit(std::uint64_t key, F f) const {
-    urcu_memb_read_lock();
+    const op_section section;
     cds_lfht_iter iter;
     cds_lfht_lookup(table_, hash_of(key), &match, &key, &iter);
     const cds_lfht_node* n = cds_lfht_iter_get_node(&iter);
     if (n != nullptr) f(static_cast<const value64&>(node_of(n)->value));
-    urcu_memb_read_unlock();
     return n != nullptr;
   }
 
  private:
+  // batch_scopes this thread is inside.
+  static inline thread_local unsigned batch_depth = 0;
+
+  // An operation's read section, unless a batch_scope already holds one.
+  class op_section {
+   public:
+    op_section() {
+      if (batch_depth == 0) urcu_memb_read_lock();
+    }
+    ~op_section() {
+      if (batch_depth == 0) urcu_memb_read_unlock();
+    }
+    op_section(const op_section&) = delete;
+    op_section& operator=(const op_section&) = delete;
+  };
+
   struct lfht_node {
     cds_lfht_node node;  // first: node_of() casts back
     rcu_head head;
@@ -230,6 +265,7 @@ class absl_sharded_map {
   static constexpr unsigned kShards = 64;
 
   struct thread_scope {};
+  struct batch_scope {};  // no read sections
 
   explicit absl_sharded_map(std::size_t capacity_hint) : shards_(new shard[kShards]) {
     for (unsigned i = 0; i < kShards; ++i) shards_[i].map.reserve(capacity_hint / kShards);
@@ -281,6 +317,7 @@ class absl_single_map {
   static void release_cached_memory() {}
 
   struct thread_scope {};
+  struct batch_scope {};  // no read sections
 
   explicit absl_single_map(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
 
@@ -317,6 +354,7 @@ class tbb_map {
   }
 
   struct thread_scope {};
+  struct batch_scope {};  // no read sections
 
   explicit tbb_map(std::size_t capacity_hint) : map_(capacity_hint) {}
 
@@ -353,6 +391,7 @@ class libcuckoo_map {
   static void release_cached_memory() {}
 
   struct thread_scope {};
+  struct batch_scope {};  // no read sections
 
   explicit libcuckoo_map(std::size_t capacity_hint) : map_(capacity_hint) {}
 

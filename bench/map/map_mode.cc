@@ -45,6 +45,10 @@
 //                    an add or delete of an owned key failing), fill inserts that failed,
 //                    and the after-run check (the overwrite keys all present and correct;
 //                    batch / add_del keys all gone)
+//   read_sections    batch: the RCU maps (grace, cds_lfht) ran each htab-mem batch inside
+//                    one read section, as the kernel's BPF program runs its 64 operations
+//                    under one rcu_read_lock(); operation: one per operation (--read-sections
+//                    operation; always for lookup and mixed, whose operations stand alone)
 // footprint: resident_mib (RSS growth after filling), bytes_per_key. destroy: ns_per_element
 // and destroy_ms (the destructor, on a helper thread), fill_s, fill_mib, left_mib (RSS after
 // the destructor and malloc_trim, relative to before the map was built).
@@ -79,6 +83,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -155,6 +160,23 @@ struct config {
   std::uint64_t destroy_elements = kDefaultDestroyElements;
   bool affinity = false;
   bool grace_stats = false;  // print grace's own counters per timed case to stderr
+  // htab-mem cases: one read section per batch of 64 (the BPF program's), or per operation.
+  bool batch_read_sections = true;
+};
+
+const char* read_sections_name(bool per_batch) { return per_batch ? "batch" : "operation"; }
+
+// The read section of one htab-mem batch (Map::batch_scope), unless --read-sections
+// operation leaves every operation to take its own.
+template <class Map>
+class batch_section {
+ public:
+  explicit batch_section(const config& cfg) {
+    if (cfg.batch_read_sections) scope_.emplace();
+  }
+
+ private:
+  std::optional<typename Map::batch_scope> scope_;
 };
 
 // --- errors --------------------------------------------------------------------------------
@@ -519,6 +541,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
         cfg, p, rss, probe, [&](unsigned t, worker_slot& slot, const std::atomic<bool>& stop) {
           // Relaxed: a stop request, see run_timed.
           while (!stop.load(std::memory_order_relaxed)) {
+            const batch_section<Map> section(cfg);
             for (unsigned i = 0; i < kBatch; ++i) {
               const std::uint64_t key = htab_key(t, i, p);
               if (map.upsert(key, make_value(key))) [[unlikely]] {
@@ -536,6 +559,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
         cfg, p, rss, probe, [&](unsigned t, worker_slot& slot, const std::atomic<bool>& stop) {
           // Relaxed: a stop request, see run_timed.
           while (!stop.load(std::memory_order_relaxed)) {
+            const batch_section<Map> section(cfg);  // the adds and the deletes: one program
             for (unsigned i = 0; i < kBatch; ++i) {
               const std::uint64_t key = htab_key(t, i, p);
               if (!map.upsert(key, make_value(key))) [[unlikely]] {
@@ -574,11 +598,17 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
                 ps.sync.arrive_and_wait();
                 return;
               }
-              for (unsigned i = 0; i < kBatch; ++i) {
-                const std::uint64_t key = htab_key(q, i, pairs);
-                if (!map.insert(key, make_value(key))) [[unlikely]] {
-                  report_error(Map::kName, "add_del_on_diff_cpu: add found the key present", key);
-                  ++slot.errors;
+              {
+                // Ends before the barrier: a thread waiting in a read section for its partner
+                // would hold back the grace periods the partner may wait for.
+                const batch_section<Map> section(cfg);
+                for (unsigned i = 0; i < kBatch; ++i) {
+                  const std::uint64_t key = htab_key(q, i, pairs);
+                  if (!map.insert(key, make_value(key))) [[unlikely]] {
+                    report_error(Map::kName, "add_del_on_diff_cpu: add found the key present",
+                                 key);
+                    ++slot.errors;
+                  }
                 }
               }
               slot.add_ops(1);
@@ -589,11 +619,15 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
             for (;;) {
               ps.sync.arrive_and_wait();  // the adder has added (or is done)
               if (ps.done) return;
-              for (unsigned i = 0; i < kBatch; ++i) {
-                const std::uint64_t key = htab_key(q, i, pairs);
-                if (!map.erase(key)) [[unlikely]] {
-                  report_error(Map::kName, "add_del_on_diff_cpu: delete found the key absent", key);
-                  ++slot.errors;
+              {
+                const batch_section<Map> section(cfg);  // ends before the barrier, as above
+                for (unsigned i = 0; i < kBatch; ++i) {
+                  const std::uint64_t key = htab_key(q, i, pairs);
+                  if (!map.erase(key)) [[unlikely]] {
+                    report_error(Map::kName, "add_del_on_diff_cpu: delete found the key absent",
+                                 key);
+                    ++slot.errors;
+                  }
                 }
               }
               slot.add_ops(1);
@@ -688,7 +722,8 @@ std::string keys_label(std::uint64_t n) {
   return std::to_string(n);
 }
 
-result timed_result(const char* map, use_case uc, unsigned threads, const case_result& c) {
+result timed_result(const char* map, use_case uc, unsigned threads, const case_result& c,
+                    bool per_batch_read_sections) {
   const timed_stats& s = c.stats;
   result r;
   r.add("bench", "map").add("map", map).add("use_case", use_case_name(uc));
@@ -702,6 +737,7 @@ result timed_result(const char* map, use_case uc, unsigned threads, const case_r
   r.add("fill_mib", c.fill_mib, 2);
   r.add("errors", c.errors + s.errors);
   r.add("cpu_cores", s.cpu_cores, 2);
+  r.add("read_sections", read_sections_name(per_batch_read_sections));
   return r;
 }
 
@@ -726,11 +762,13 @@ struct run_state {
 
 template <class Map>
 void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
-  const case_result c = (uc == use_case::lookup || uc == use_case::mixed)
-                            ? run_keyed_case<Map>(uc, n, st.cfg, st.rss)
-                            : run_htab_case<Map>(uc, st.cfg, st.rss);
+  const bool keyed = uc == use_case::lookup || uc == use_case::mixed;
+  const case_result c = keyed ? run_keyed_case<Map>(uc, n, st.cfg, st.rss)
+                              : run_htab_case<Map>(uc, st.cfg, st.rss);
   st.sink.errors += c.errors + c.stats.errors;
-  st.sink.emit(timed_result(Map::kName, uc, st.cfg.producers, c));
+  // Lookups and mixed operations are single operations: one read section each.
+  st.sink.emit(timed_result(Map::kName, uc, st.cfg.producers, c,
+                            !keyed && st.cfg.batch_read_sections));
 }
 
 template <class Map>
@@ -932,7 +970,9 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
                                    "--footprint-keys",
                                    std::to_string(cfg.footprint_keys),
                                    "--destroy-elements",
-                                   std::to_string(cfg.destroy_elements)};
+                                   std::to_string(cfg.destroy_elements),
+                                   "--read-sections",
+                                   read_sections_name(cfg.batch_read_sections)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -998,6 +1038,9 @@ void describe(options_spec& spec) {
   spec.add_count("footprint-keys", kDefaultFootprintKeys, "keys filled by footprint", 1);
   spec.add_count("destroy-elements", kDefaultDestroyElements,
                  "elements of the grace map that destroy times", 1);
+  spec.add_choice("read-sections", "batch", {"batch", "operation"},
+                  "htab-mem cases, RCU maps (grace, cds_lfht): one read section per batch of 64 "
+                  "operations, as the kernel's BPF program runs them, or one per operation");
   spec.add_flag("affinity", "pin producer t to CPU t mod the CPU count");
   spec.add_flag("in-process",
                 "run every job in this process (default: each map and use case in a fresh "
@@ -1023,6 +1066,7 @@ int run(const parsed_options& options, reporter& out) {
   cfg.duration_s = options.number("duration");
   cfg.affinity = options.flag("affinity");
   cfg.grace_stats = options.flag("grace-stats");
+  cfg.batch_read_sections = options.choice("read-sections") == "batch";
   cfg.footprint_keys = options.count("footprint-keys");
   cfg.destroy_elements = options.count("destroy-elements");
   if (options.given("keys")) {
