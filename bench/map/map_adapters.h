@@ -4,6 +4,7 @@
 //   struct some_map {
 //     static constexpr const char* kName;           // the map= value
 //     static constexpr bool kConcurrent;            // false: one thread at a time only
+//     static constexpr bool kReadSections;          // RCU map: its reads take read sections
 //     struct thread_scope;                          // per-thread setup (liburcu registration)
 //     class batch_scope;                            // RAII: one read section around a batch
 //                                                   // of operations (RCU maps); else nothing
@@ -33,7 +34,8 @@
 //                reads through visit()
 //   cds_lfht     liburcu 0.13 rculfhash, urcu-memb flavor, AUTO_RESIZE | ACCOUNTING; malloc'd
 //                nodes embedding cds_lfht_node + rcu_head, freed through call_rcu();
-//                every operation under urcu_memb_read_lock(); registered threads
+//                every operation under urcu_memb_read_lock() (its own, or its batch's:
+//                see batch_scope below); registered threads
 //   absl_sharded absl::flat_hash_map behind 64 absl::Mutex shards (readers take the shard
 //                lock shared)
 //   absl_single  one absl::flat_hash_map, no lock: the single-thread reference (-p 1 only)
@@ -77,6 +79,7 @@ class grace_map {
  public:
   static constexpr const char* kName = "grace";
   static constexpr bool kConcurrent = true;
+  static constexpr bool kReadSections = true;
   static void release_cached_memory() {}
 
   // grace registers a thread on its first pin; take it here, outside the timed loop.
@@ -110,6 +113,7 @@ class cds_lfht_map {
  public:
   static constexpr const char* kName = "cds_lfht";
   static constexpr bool kConcurrent = true;
+  static constexpr bool kReadSections = true;
   static void release_cached_memory() {}
 
   struct thread_scope {
@@ -261,6 +265,7 @@ class absl_sharded_map {
  public:
   static constexpr const char* kName = "absl_sharded";
   static constexpr bool kConcurrent = true;
+  static constexpr bool kReadSections = false;
   static void release_cached_memory() {}
   static constexpr unsigned kShards = 64;
 
@@ -314,6 +319,7 @@ class absl_single_map {
  public:
   static constexpr const char* kName = "absl_single";
   static constexpr bool kConcurrent = false;
+  static constexpr bool kReadSections = false;
   static void release_cached_memory() {}
 
   struct thread_scope {};
@@ -347,6 +353,7 @@ class tbb_map {
  public:
   static constexpr const char* kName = "tbb";
   static constexpr bool kConcurrent = true;
+  static constexpr bool kReadSections = false;
   // oneTBB's default allocator is tbbmalloc (when installed), which keeps freed memory in its
   // own pools, where malloc_trim() does not reach: release it so the next baseline is clean.
   static void release_cached_memory() {
@@ -388,6 +395,7 @@ class libcuckoo_map {
  public:
   static constexpr const char* kName = "libcuckoo";
   static constexpr bool kConcurrent = true;
+  static constexpr bool kReadSections = false;
   static void release_cached_memory() {}
 
   struct thread_scope {};

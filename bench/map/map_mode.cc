@@ -48,7 +48,8 @@
 //   read_sections    batch: the RCU maps (grace, cds_lfht) ran each htab-mem batch inside
 //                    one read section, as the kernel's BPF program runs its 64 operations
 //                    under one rcu_read_lock(); operation: one per operation (--read-sections
-//                    operation; always for lookup and mixed, whose operations stand alone)
+//                    operation; always for lookup and mixed, whose operations stand alone);
+//                    none: a map without read sections (absl, oneTBB, libcuckoo)
 // footprint: resident_mib (RSS growth after filling), bytes_per_key. destroy: ns_per_element
 // and destroy_ms (the destructor, on a helper thread), fill_s, fill_mib, left_mib (RSS after
 // the destructor and malloc_trim, relative to before the map was built).
@@ -165,6 +166,11 @@ struct config {
 };
 
 const char* read_sections_name(bool per_batch) { return per_batch ? "batch" : "operation"; }
+// What a result line's read_sections= says: none for the maps without read sections.
+template <class Map>
+const char* read_sections_of(bool per_batch) {
+  return Map::kReadSections ? read_sections_name(per_batch) : "none";
+}
 
 // The read section of one htab-mem batch (Map::batch_scope), unless --read-sections
 // operation leaves every operation to take its own.
@@ -723,7 +729,7 @@ std::string keys_label(std::uint64_t n) {
 }
 
 result timed_result(const char* map, use_case uc, unsigned threads, const case_result& c,
-                    bool per_batch_read_sections) {
+                    const char* read_sections) {
   const timed_stats& s = c.stats;
   result r;
   r.add("bench", "map").add("map", map).add("use_case", use_case_name(uc));
@@ -737,7 +743,7 @@ result timed_result(const char* map, use_case uc, unsigned threads, const case_r
   r.add("fill_mib", c.fill_mib, 2);
   r.add("errors", c.errors + s.errors);
   r.add("cpu_cores", s.cpu_cores, 2);
-  r.add("read_sections", read_sections_name(per_batch_read_sections));
+  r.add("read_sections", read_sections);
   return r;
 }
 
@@ -768,7 +774,7 @@ void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
   st.sink.errors += c.errors + c.stats.errors;
   // Lookups and mixed operations are single operations: one read section each.
   st.sink.emit(timed_result(Map::kName, uc, st.cfg.producers, c,
-                            !keyed && st.cfg.batch_read_sections));
+                            read_sections_of<Map>(!keyed && st.cfg.batch_read_sections)));
 }
 
 template <class Map>
