@@ -8,6 +8,8 @@
 //   sessions.visit(id, [](const session& s) { ... }); // no copy, under a read guard
 //   auto view = sessions.pin();                       // zero-copy reads while `view` lives
 //   const session* s = view.find(id);
+//   { auto g = grace::pin(); for (...) sessions.insert_or_assign(...); }  // one read section
+//                                                     // for a batch of updates
 //
 // How it differs from std::unordered_map:
 //   - Every member is safe to call from any number of threads at once.
