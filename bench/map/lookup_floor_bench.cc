@@ -101,14 +101,20 @@ std::unique_ptr<grace_table> make_grace_table(std::size_t keys) {
 
 // Built once per size, on first use, shared by the benchmark's threads.
 const bare_table& bare_for(std::size_t keys) {
-  static const bare_table small(10'000);
+  if (keys == 10'000) {
+    static const bare_table small(10'000);
+    return small;
+  }
   static const bare_table large(1'000'000);
-  return keys == 10'000 ? small : large;
+  return large;
 }
 const grace_table& grace_for(std::size_t keys) {
-  static const std::unique_ptr<grace_table> small = make_grace_table(10'000);
+  if (keys == 10'000) {
+    static const std::unique_ptr<grace_table> small = make_grace_table(10'000);
+    return *small;
+  }
   static const std::unique_ptr<grace_table> large = make_grace_table(1'000'000);
-  return keys == 10'000 ? *small : *large;
+  return *large;
 }
 
 // Runs `check` on kLookupsPerIteration uniform random present keys per iteration; counts
