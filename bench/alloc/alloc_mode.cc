@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -317,6 +318,10 @@ class ring {
   alignas(64) void* slots_[kRingSize];
 };
 
+// What the producer pushes after its last object. Not nullptr, which pop() returns for an
+// empty ring; never an object's address (objects are aligned to more than 1).
+void* end_of_stream() { return reinterpret_cast<void*>(std::uintptr_t{1}); }
+
 run_numbers run_producer_consumer(allocator_under_test& a, const config& cfg) {
   const unsigned pairs = std::max(1u, cfg.threads / 2);
   std::vector<std::unique_ptr<ring>> rings;
@@ -348,7 +353,7 @@ run_numbers run_producer_consumer(allocator_under_test& a, const config& cfg) {
         }
         done += kOpsPerReadSection;
       }
-      while (!rings[p]->push(nullptr)) std::this_thread::yield();  // end of stream
+      while (!rings[p]->push(end_of_stream())) std::this_thread::yield();
       ops.fetch_add(done, std::memory_order_relaxed);                // Relaxed: after join.
       a.leave_thread();
     });
@@ -357,19 +362,15 @@ run_numbers run_producer_consumer(allocator_under_test& a, const config& cfg) {
       a.enter_thread();
       gate.arrive_and_wait();
       std::uint64_t done = 0;
+      // Until the end of the stream, not until stop: the producer may still be pushing the
+      // batch it allocated before it saw stop, and every object must come back.
       for (;;) {
         void* object = rings[p]->pop();
-        if (object == nullptr) {
-          // Relaxed: the producer pushes nullptr only after it saw stop.
-          if (stop.load(std::memory_order_relaxed)) {
-            void* last = rings[p]->pop();
-            if (last == nullptr) break;
-            object = last;
-          } else {
-            std::this_thread::yield();
-            continue;
-          }
+        if (object == nullptr) {  // empty for now
+          std::this_thread::yield();
+          continue;
         }
+        if (object == end_of_stream()) break;
         a.lock();
         a.deallocate(object);
         a.unlock();
