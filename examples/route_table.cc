@@ -87,7 +87,7 @@ int main() {
       }
     }
   }
-  // Release: the servers stop after the last reload.
+  // Release: every reload before the servers' last look; pairs with their Acquire load.
   stop.store(true, std::memory_order_release);
   for (auto& server : servers) server.join();
 

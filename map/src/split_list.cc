@@ -317,13 +317,23 @@ bool split_list::wait_for_turn() noexcept {
   return true;
 }
 
+bool split_list::begin_turn_work() noexcept {
+  if (roll_back_abandoned_level()) return true;
+  schedule_next_look(0);  // inside a read section: look again soon
+  end_resize();
+  return false;
+}
+
+void split_list::end_turn(std::size_t elements) noexcept {
+  // Relaxed: we are the only resizer.
+  schedule_next_look(
+      changes_until_resize_due(elements, size_log2_.load(std::memory_order_relaxed)));
+  end_resize();
+}
+
 void split_list::look_and_resize() noexcept {
-  if (!roll_back_abandoned_level()) {
-    schedule_next_look(0);  // inside a read section: look again soon
-    end_resize();
-    return;
-  }
-  std::size_t elements = size();
+  if (!begin_turn_work()) return;
+  const std::size_t elements = size();
   // Relaxed: we are the only resizer.
   const unsigned current = size_log2_.load(std::memory_order_relaxed);
   const double buckets = std::ldexp(1.0, static_cast<int>(current));
@@ -339,10 +349,7 @@ void split_list::look_and_resize() noexcept {
     shrink_to(std::max(floor, log2_ceil(wanted)));
   }
   // Relaxed: as above. A resize took time (a shrink waits for grace periods): count again.
-  const unsigned now = size_log2_.load(std::memory_order_relaxed);
-  if (now != current) elements = size();
-  schedule_next_look(changes_until_resize_due(elements, now));
-  end_resize();
+  end_turn(size_log2_.load(std::memory_order_relaxed) == current ? elements : size());
 }
 
 std::uint64_t split_list::changes_until_resize_due(std::size_t elements,
@@ -363,7 +370,8 @@ void split_list::schedule_next_look(std::uint64_t distance) noexcept {
   // that far, at least one of them has.
   const std::uint64_t share = distance / (std::uint64_t{counter_mask_} + 1);
   // Relaxed: we are the only resizer.
-  const std::uint64_t at_least = size_log2_.load(std::memory_order_relaxed) > 8 ? 64 : 1;
+  const std::uint64_t at_least =
+      size_log2_.load(std::memory_order_relaxed) > 8 ? kLookIntervalFloor : 1;
   // Relaxed: see the member.
   look_interval_.store(std::max(share, at_least), std::memory_order_relaxed);
 }
@@ -377,17 +385,11 @@ void split_list::reserve(std::size_t elements) {
   while (reserved < elements &&
          !reserved_elements_.compare_exchange_weak(reserved, elements, std::memory_order_relaxed)) {
   }
-  if (!wait_for_turn()) return;  // inside a read section, behind another resizer
-  if (!roll_back_abandoned_level()) {  // inside a read section: grow later
-    schedule_next_look(0);
-    end_resize();
-    return;
-  }
+  if (!wait_for_turn()) return;    // inside a read section, behind another resizer
+  if (!begin_turn_work()) return;  // inside a read section: grow later
   const bool grown = grow_to(target);
   // Looks that came due meanwhile found the turn taken: the next one is ours to set.
-  // Relaxed: we are the only resizer.
-  schedule_next_look(changes_until_resize_due(size(), size_log2_.load(std::memory_order_relaxed)));
-  end_resize();
+  end_turn(size());
   if (!grown) throw std::bad_alloc();
 }
 

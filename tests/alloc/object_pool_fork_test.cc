@@ -19,7 +19,6 @@
 #include <cstring>
 #include <latch>
 #include <memory>
-#include <random>
 #include <thread>
 
 #include "grace/alloc/object_pool.h"
@@ -33,12 +32,6 @@ using namespace std::chrono_literals;
 
 constexpr auto kNoDeadlock = 120s;  // watchdog budget for the parent
 constexpr std::size_t kObjectSize = 64;
-
-// In the child: prints what failed and returns `code`.
-[[maybe_unused]] int child_failure(int code, const char* what, std::uint64_t detail) {
-  std::fprintf(stderr, "child: %s (%llu)\n", what, static_cast<unsigned long long>(detail));
-  return code;
-}
 
 #if !GRACE_TESTING_TSAN  // the child starts threads (its domain's engine), which TSan kills
 // Two threads of the parent allocate and deallocate all the time (one in rounds of its own,
@@ -101,39 +94,30 @@ TEST(ObjectPoolFork, ChildrenForkedWhileOtherThreadsHoldCachesUseThePoolAtFullSp
   });
   running.wait();
 
-  const int forks = static_cast<int>(gt::iterations(20, 6));
-  std::minstd_rand random(20261130);
-  {
-    gt::watchdog dog(kNoDeadlock, "forks while two threads use a pool");
-    for (int i = 0; i < forks; ++i) {
-      std::this_thread::sleep_for(std::chrono::microseconds(random() % 5000));
-      const int status = gt::run_in_child(
-          [&] {
-            constexpr std::size_t kBatch = 20'000;
-            auto objects = std::make_unique<void*[]>(kBatch);
-            for (int round = 0; round < 20; ++round) {
-              // Each object carries its index: one handed out twice would carry another's.
-              for (std::size_t k = 0; k < kBatch; ++k) {
-                objects[k] = pool.allocate();
-                std::memcpy(objects[k], &k, sizeof k);
-              }
-              for (std::size_t k = 0; k < kBatch; ++k) {
-                std::size_t seen;
-                std::memcpy(&seen, objects[k], sizeof seen);
-                if (seen != k) return child_failure(40, "an object was handed out twice", k);
-                pool.deallocate(objects[k]);
-              }
-              pool.allocate_bulk(objects.get(), 512);
-              pool.deallocate_bulk(objects.get(), 512);
-            }
-            // The parent's threads had objects out at the copy: not a usage error here.
-            pool.forget_allocated();
-            return 0;
-          },
-          /*alarm_seconds=*/20);
-      ASSERT_TRUE(gt::exited_cleanly(status)) << "fork " << i << " of " << forks;
-    }
-  }
+  gt::fork_at_random_moments(
+      static_cast<int>(gt::iterations(20, 6)), std::chrono::microseconds(5000),
+      /*alarm_seconds=*/20, kNoDeadlock, "forks while two threads use a pool", [&] {
+        constexpr std::size_t kBatch = 20'000;
+        auto objects = std::make_unique<void*[]>(kBatch);
+        for (int round = 0; round < 20; ++round) {
+          // Each object carries its index: one handed out twice would carry another's.
+          for (std::size_t k = 0; k < kBatch; ++k) {
+            objects[k] = pool.allocate();
+            std::memcpy(objects[k], &k, sizeof k);
+          }
+          for (std::size_t k = 0; k < kBatch; ++k) {
+            std::size_t seen;
+            std::memcpy(&seen, objects[k], sizeof seen);
+            if (seen != k) return gt::child_failure(40, "an object was handed out twice", k);
+            pool.deallocate(objects[k]);
+          }
+          pool.allocate_bulk(objects.get(), 512);
+          pool.deallocate_bulk(objects.get(), 512);
+        }
+        // The parent's threads had objects out at the copy: not a usage error here.
+        pool.forget_allocated();
+        return 0;
+      });
   stop.store(true, std::memory_order_relaxed);  // Relaxed: a stop flag.
   producer.join();
   consumer.join();
@@ -221,7 +205,7 @@ TEST(ObjectPoolFork, TheChildFindsNoCacheHeldWhenEveryCacheWasHeldAtTheFork) {
       // deallocate() is a retire() of its own.
       const std::uint64_t retired = d.stats().reclaimed - reclaimed_before;
       if (retired > kPairs / 4) {
-        return child_failure(41, "deallocate() found every cache held", retired);
+        return gt::child_failure(41, "deallocate() found every cache held", retired);
       }
       pool.forget_allocated();  // the parked threads' objects
       return 0;

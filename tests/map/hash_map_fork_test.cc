@@ -27,7 +27,6 @@
 #include <latch>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -48,12 +47,6 @@ namespace gm = grace::testing::map;
 using namespace std::chrono_literals;
 
 constexpr auto kNoDeadlock = 120s;  // watchdog budget for the parent
-
-// In the child: prints what failed and returns `code`.
-int child_failure(int code, const char* what, std::uint64_t key) {
-  std::fprintf(stderr, "child: %s (key %llu)\n", what, static_cast<unsigned long long>(key));
-  return code;
-}
 
 // --- a map filled by the parent ------------------------------------------------------------
 
@@ -77,7 +70,7 @@ std::optional<std::string> expected_before_fork(std::uint64_t key) {
 [[maybe_unused]] int check_parent_contents(const string_map& map, std::uint64_t n) {
   for (std::uint64_t key = 0; key < n; ++key) {
     if (map.find(key) != expected_before_fork(key)) {
-      return child_failure(10, "find() disagrees with what the parent left", key);
+      return gt::child_failure(10, "find() disagrees with what the parent left", key);
     }
   }
   return 0;
@@ -105,32 +98,33 @@ TEST(HashMapFork, TheChildFindsInsertsErasesClearsAndDestroysAMapItsParentFilled
       for (std::uint64_t key = 0; key < 2 * n; ++key) {
         const bool absent = key >= n || key % 3 == 0;
         if (map->insert(key, value_of(key, 2)) != absent) {
-          return child_failure(11, "insert() of a key did not report what the parent left", key);
+          return gt::child_failure(11, "insert() of a key did not report what the parent left",
+                                   key);
         }
       }
       for (std::uint64_t key = 0; key < 2 * n; ++key) {
         const bool absent_before = key >= n || key % 3 == 0;
         const std::string want = absent_before ? value_of(key, 2) : *expected_before_fork(key);
-        if (map->find(key) != want) return child_failure(12, "find() after insert()", key);
+        if (map->find(key) != want) return gt::child_failure(12, "find() after insert()", key);
       }
       // Erases: every other key.
       for (std::uint64_t key = 0; key < 2 * n; key += 2) {
-        if (!map->erase(key)) return child_failure(13, "erase() of a present key failed", key);
+        if (!map->erase(key)) return gt::child_failure(13, "erase() of a present key failed", key);
       }
       for (std::uint64_t key = 0; key < 2 * n; ++key) {
         if (map->contains(key) != (key % 2 == 1)) {
-          return child_failure(14, "contains() after erase()", key);
+          return gt::child_failure(14, "contains() after erase()", key);
         }
       }
-      if (map->size() != n) return child_failure(15, "size() after erase()", map->size());
+      if (map->size() != n) return gt::child_failure(15, "size() after erase()", map->size());
       map->clear();
       for (std::uint64_t key = 0; key < 2 * n; ++key) {
-        if (map->contains(key)) return child_failure(16, "a key survived clear()", key);
+        if (map->contains(key)) return gt::child_failure(16, "a key survived clear()", key);
       }
-      if (!map->empty()) return child_failure(17, "not empty after clear()", map->size());
+      if (!map->empty()) return gt::child_failure(17, "not empty after clear()", map->size());
       for (std::uint64_t key = 0; key < 100; ++key) {
         if (!map->insert(key, value_of(key, 3))) {
-          return child_failure(18, "insert() after clear()", key);
+          return gt::child_failure(18, "insert() after clear()", key);
         }
       }
       map.reset();  // releases every element and waits for the domain's barrier()
@@ -204,19 +198,19 @@ TEST(HashMapFork, TheChildUsesAMapThatAnotherThreadOfTheParentWasUpdatingAtTheFo
         for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) {
           const std::optional<std::uint64_t> v = map.find(key);
           if (v && (*v & ((std::uint64_t{1} << 20) - 1)) != key) {
-            return child_failure(20, "an updater key maps to another key's value", key);
+            return gt::child_failure(20, "an updater key maps to another key's value", key);
           }
         }
         for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
-          if (!map.insert(key, key * 3)) return child_failure(21, "insert() of a new key", key);
+          if (!map.insert(key, key * 3)) return gt::child_failure(21, "insert() of a new key", key);
         }
         for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
-          if (map.find(key) != key * 3) return child_failure(22, "find() after insert()", key);
-          if (key % 2 == 0 && !map.erase(key)) return child_failure(23, "erase()", key);
+          if (map.find(key) != key * 3) return gt::child_failure(22, "find() after insert()", key);
+          if (key % 2 == 0 && !map.erase(key)) return gt::child_failure(23, "erase()", key);
         }
         for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
           if (map.contains(key) != (key % 2 == 1)) {
-            return child_failure(24, "contains() after erase()", key);
+            return gt::child_failure(24, "contains() after erase()", key);
           }
         }
         // The updater thread does not exist here; it may have been inside a read section,
@@ -225,13 +219,13 @@ TEST(HashMapFork, TheChildUsesAMapThatAnotherThreadOfTheParentWasUpdatingAtTheFo
         d.barrier();
         map.clear();
         for (std::uint64_t key = 0; key < kUpdaterKeys; ++key) {
-          if (map.contains(key)) return child_failure(25, "a key survived clear()", key);
+          if (map.contains(key)) return gt::child_failure(25, "a key survived clear()", key);
         }
         for (std::uint64_t key = kChildKeys; key < kChildKeys + child_keys; ++key) {
-          if (map.contains(key)) return child_failure(25, "a key survived clear()", key);
+          if (map.contains(key)) return gt::child_failure(25, "a key survived clear()", key);
         }
         if (!map.insert(7, 7) || map.find(7) != 7u) {
-          return child_failure(26, "insert() after clear()", 7);
+          return gt::child_failure(26, "insert() after clear()", 7);
         }
         d.barrier();
         // Not destroyed: with GRACE_CHECK_MISUSE, ~hash_map() counts an operation the
@@ -278,7 +272,7 @@ constexpr std::uint64_t kChurnRange = 2000;     // keys per thread in the churn 
                                               std::uint64_t span, std::uint64_t size_slack = 0) {
   for (std::uint64_t key = 0; key < span; ++key) {
     if (map.contains(key) != (key < present_below)) {
-      return child_failure(20, "contains() disagrees with the parent's updates", key);
+      return gt::child_failure(20, "contains() disagrees with the parent's updates", key);
     }
   }
   // Two threads update keys of their own while this one's inserts make the first resize,
@@ -304,39 +298,39 @@ constexpr std::uint64_t kChurnRange = 2000;     // keys per thread in the churn 
   constexpr std::uint64_t kMany = 20'000;
   int inserted = 0;
   for (std::uint64_t key = present_below; key < kMany && inserted == 0; ++key) {
-    if (!map.insert(key, key)) inserted = child_failure(21, "insert() of an absent key", key);
+    if (!map.insert(key, key)) inserted = gt::child_failure(21, "insert() of an absent key", key);
   }
   workers_stop.store(true, std::memory_order_relaxed);
   for (std::thread& worker : workers) worker.join();
   if (inserted != 0) return inserted;
   if (const std::uint64_t bad = worker_mismatches.load(std::memory_order_relaxed); bad != 0) {
-    return child_failure(29, "updates of other threads went wrong during the roll-back", bad);
+    return gt::child_failure(29, "updates of other threads went wrong during the roll-back", bad);
   }
   if (map.stats().buckets < kMany / 2) {
-    return child_failure(22, "the map did not grow in the child", map.stats().buckets);
+    return gt::child_failure(22, "the map did not grow in the child", map.stats().buckets);
   }
   // A level left half-linked and linked again would hold two dummies per bucket, and a lookup
   // stops at the second: keys of those buckets would go missing.
   for (std::uint64_t key = 0; key < kMany; ++key) {
-    if (!map.contains(key)) return child_failure(28, "a key went missing after the grow", key);
+    if (!map.contains(key)) return gt::child_failure(28, "a key went missing after the grow", key);
   }
   for (std::uint64_t key = 100; key < kMany; ++key) {
-    if (!map.erase(key)) return child_failure(23, "erase() of a present key", key);
+    if (!map.erase(key)) return gt::child_failure(23, "erase() of a present key", key);
   }
   if (map.stats().buckets > 1024) {
-    return child_failure(24, "the map did not shrink in the child", map.stats().buckets);
+    return gt::child_failure(24, "the map did not shrink in the child", map.stats().buckets);
   }
   map.reserve(100'000);  // waited for ever for the parent's resizer
   if (map.stats().buckets < 100'000) {
-    return child_failure(25, "reserve() did not grow the map", map.stats().buckets);
+    return gt::child_failure(25, "reserve() did not grow the map", map.stats().buckets);
   }
   for (std::uint64_t key = 0; key < kMany; ++key) {
     if (map.find(key) != (key < 100 ? std::optional<std::uint64_t>(key) : std::nullopt)) {
-      return child_failure(26, "find() after the resizes", key);
+      return gt::child_failure(26, "find() after the resizes", key);
     }
   }
   if (map.size() + size_slack < 100 || map.size() > 100 + size_slack) {
-    return child_failure(27, "size() after the resizes", map.size());
+    return gt::child_failure(27, "size() after the resizes", map.size());
   }
   return 0;
 }
@@ -360,15 +354,14 @@ int fork_during_grow(counter_map& map, Child child) {
         map.insert(key, key);  // one of these grows the map, and pauses half-way
       }
     });
-    // Acquire: see gm::resizer_paused (map_testing.h).
-    while (!gm::resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+    gm::wait_until_resizer_paused();
     // The paused insert has linked its key: the child sees [0, inserting].
     const std::uint64_t present_below = inserting.load(std::memory_order_relaxed) + 1;
     status = gt::run_in_child([&] { return child(present_below); });
-    gm::resizer_may_go.store(true, std::memory_order_relaxed);
+    gm::let_resizer_go();
     resizer.join();
   }
-  grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
+  gm::disarm_resizer_pause();
   for (std::uint64_t key = 0; key < kGrowParentKeys; ++key) {
     EXPECT_TRUE(map.contains(key)) << key;
   }
@@ -415,16 +408,15 @@ TEST(HashMapFork, AShrinkAnotherThreadWasRunningAtTheForkIsRolledBackAndTheChild
         map.erase(key);  // one of these shrinks the map (2048 -> 512), and pauses half-way
       }
     });
-    // Acquire: see gm::resizer_paused (map_testing.h).
-    while (!gm::resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+    gm::wait_until_resizer_paused();
     // The paused erase has unlinked its key: the child sees [0, erasing).
     const std::uint64_t present_below = erasing.load(std::memory_order_relaxed);
     status = gt::run_in_child(
         [&] { return check_resizes_after_fork(map, present_below, kBefore); });
-    gm::resizer_may_go.store(true, std::memory_order_relaxed);
+    gm::let_resizer_go();
     resizer.join();
   }
-  grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
+  gm::disarm_resizer_pause();
   EXPECT_TRUE(gt::exited_cleanly(status));
   EXPECT_TRUE(map.empty());
   EXPECT_GE(map.stats().shrinks, 2u);  // the paused shrink went on: 2048 -> 1024 -> 512
@@ -479,13 +471,9 @@ TEST(HashMapFork, ChildrenForkedWhileOtherThreadsGrowAndShrinkTheMapSeeItsKeysAn
     });
   }
   churning.wait();
-  const int forks = static_cast<int>(gt::iterations(12, 6));
-  std::minstd_rand random(20261130);
-  {
-    gt::watchdog dog(kNoDeadlock, "forks while other threads grow and shrink a map");
-    for (int i = 0; i < forks; ++i) {
-      std::this_thread::sleep_for(std::chrono::microseconds(random() % 3000));
-      const int status = gt::run_in_child([&] {
+  gt::fork_at_random_moments(
+      static_cast<int>(gt::iterations(12, 6)), std::chrono::microseconds(3000),
+      /*alarm_seconds=*/60, kNoDeadlock, "forks while other threads grow and shrink a map", [&] {
         for (unsigned t = 0; t < 2; ++t) {
           const std::uint64_t base = (t + 1) * 1'000'000;
           // Acquire: see done.
@@ -493,7 +481,7 @@ TEST(HashMapFork, ChildrenForkedWhileOtherThreadsGrowAndShrinkTheMapSeeItsKeysAn
           const std::uint64_t in_flight = churned_key(completed);
           for (std::uint64_t key = 0; key < kChurnRange; ++key) {
             if (key != in_flight && map.contains(base + key) != churned_present(completed, key)) {
-              return child_failure(30, "a churned key disagrees with its thread's progress",
+              return gt::child_failure(30, "a churned key disagrees with its thread's progress",
                                    base + key);
             }
           }
@@ -508,7 +496,7 @@ TEST(HashMapFork, ChildrenForkedWhileOtherThreadsGrowAndShrinkTheMapSeeItsKeysAn
             present += map.contains((t + 1) * 1'000'000 + key) ? 1 : 0;
           }
         }
-        if (visited != present) return child_failure(31, "for_each() visits", visited);
+        if (visited != present) return gt::child_failure(31, "for_each() visits", visited);
         for (unsigned t = 0; t < 2; ++t) {
           for (std::uint64_t key = 0; key < kChurnRange; ++key) {
             (void)map.erase((t + 1) * 1'000'000 + key);
@@ -518,9 +506,6 @@ TEST(HashMapFork, ChildrenForkedWhileOtherThreadsGrowAndShrinkTheMapSeeItsKeysAn
         // churner's update in flight may never be counted.
         return check_resizes_after_fork(map, 0, 0, /*size_slack=*/2);
       });
-      ASSERT_TRUE(gt::exited_cleanly(status)) << "fork " << i << " of " << forks;
-    }
-  }
   stop.store(true, std::memory_order_relaxed);  // Relaxed: a stop flag.
   for (std::thread& churner : churners) churner.join();
   for (unsigned t = 0; t < 2; ++t) {

@@ -882,13 +882,12 @@ TEST(HashMap, ATableThatPassedItsThresholdDuringAnotherResizeGrowsSoonAfterIt) {
   ASSERT_TRUE(map.insert(0, 0));  // the first look: far below the threshold
   gm::arm_resizer_pause();
   std::thread reserver([&] { map.reserve(std::size_t{1} << 13); });
-  // Acquire: see gm::resizer_paused (map_testing.h).
-  while (!gm::resizer_paused.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+  gm::wait_until_resizer_paused();
   std::uint64_t key = 1;
   for (; key < 40'000; ++key) ASSERT_TRUE(map.insert(key, key));  // every look: turn taken
-  gm::resizer_may_go.store(true, std::memory_order_relaxed);
+  gm::let_resizer_go();
   reserver.join();
-  grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
+  gm::disarm_resizer_pause();
   const grace::hash_map_stats reserved = map.stats();
   ASSERT_EQ(reserved.buckets, std::size_t{1} << 13);
   const std::uint64_t first_key_after = key;

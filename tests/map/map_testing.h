@@ -10,7 +10,7 @@
 //     (key, version), so a torn value, or another key's value (a recycled element), fails
 //     valid_for(key).
 //   - mod7_hash: every key in seven buckets (long chains of equal hashes).
-//   - arm_resizer_pause(): the next resize pauses half-way until resizer_may_go is set.
+//   - arm_resizer_pause(): the next resize pauses half-way until let_resizer_go().
 #pragma once
 
 #include <atomic>
@@ -89,6 +89,22 @@ inline void arm_resizer_pause() {
   resizer_may_go.store(false, std::memory_order_relaxed);
   resizer_paused_once.store(false, std::memory_order_relaxed);
   grace::detail::resize_half_way_hook.store(&pause_resizer_once, std::memory_order_relaxed);
+}
+
+// Waits until the armed resize has paused; what its thread did before is then visible.
+inline void wait_until_resizer_paused() {
+  // Acquire: see resizer_paused.
+  while (!resizer_paused.load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Lets the paused resize go on.
+inline void let_resizer_go() { resizer_may_go.store(true, std::memory_order_relaxed); }
+
+// No later resize pauses. Call it once the paused resizer's thread is joined.
+inline void disarm_resizer_pause() {
+  grace::detail::resize_half_way_hook.store(nullptr, std::memory_order_relaxed);
 }
 
 }  // namespace grace::testing::map

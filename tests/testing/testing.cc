@@ -253,6 +253,11 @@ int wait_for_child(pid_t pid) noexcept {
   return ::testing::AssertionFailure() << "unexpected wait status " << status;
 }
 
+int child_failure(int code, const char* what, std::uint64_t detail) {
+  std::fprintf(stderr, "child: %s (%llu)\n", what, static_cast<unsigned long long>(detail));
+  return code;
+}
+
 bool pin_to_cpu(int cpu) {
   cpu_set_t one;
   CPU_ZERO(&one);

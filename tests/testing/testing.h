@@ -37,6 +37,7 @@
 #include <latch>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -317,5 +318,25 @@ int run_in_child(Fn child, unsigned alarm_seconds = 60) {
 // Success if `status` (from run_in_child) says the child exited with 0; otherwise says how it
 // ended (an exit code, or a signal: SIGALRM means it hung).
 ::testing::AssertionResult exited_cleanly(int status);
+
+// In a child of run_in_child(): prints what failed, with a number that locates it (a key, an
+// index), and returns `code`, the child's exit status.
+int child_failure(int code, const char* what, std::uint64_t detail);
+
+// Forks `forks` times while the caller's other threads keep working, each time after a random
+// pause below `max_pause` (a fixed seed), under a watchdog of `budget` named `what`. Each child
+// runs child() (run_in_child, killed after `alarm_seconds`) and must exit cleanly.
+template <class Fn>
+void fork_at_random_moments(int forks, std::chrono::microseconds max_pause,
+                            unsigned alarm_seconds, std::chrono::milliseconds budget,
+                            const std::string& what, Fn child) {
+  std::minstd_rand random(20261130);
+  watchdog dog(budget, what);
+  for (int i = 0; i < forks; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(random() % max_pause.count()));
+    ASSERT_TRUE(exited_cleanly(run_in_child(child, alarm_seconds)))
+        << "fork " << i << " of " << forks;
+  }
+}
 
 }  // namespace grace::testing

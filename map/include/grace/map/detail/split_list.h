@@ -83,6 +83,9 @@ namespace grace::detail {
 inline constexpr std::uintptr_t kMarked = 1;
 // Level 0 plus levels 1..48: up to 2^48 buckets.
 inline constexpr unsigned kMaxLevels = 49;
+// The fewest changes of the size a CPU counts between two looks at the load factor, once the
+// table has more than 256 buckets (look_interval_).
+inline constexpr std::uint64_t kLookIntervalFloor = 64;
 
 // (L7): the successor's level tag lives in pointer bits 57..62, which x86-64 user-space
 // addresses never use (47 bits, or 56 with 5-level paging) unless pointer tagging is on:
@@ -211,9 +214,11 @@ class split_list {
     const std::uint64_t changes = mine.changes.load(std::memory_order_relaxed) + magnitude;
     if (changes >= look_interval_.load(std::memory_order_relaxed)) [[unlikely]] {
       // If another thread holds the turn, its look may have missed these changes, and only
-      // its end sets the next look: try again after 64 more (or at once, for short intervals).
+      // its end sets the next look: try again after kLookIntervalFloor more (or at once, for
+      // short intervals).
       const bool looked = consider_resize_slow();
-      mine.changes.store(looked || changes < 64 ? 0 : changes - 64, std::memory_order_relaxed);
+      mine.changes.store(looked || changes < kLookIntervalFloor ? 0 : changes - kLookIntervalFloor,
+                         std::memory_order_relaxed);
       return;
     }
     mine.changes.store(changes, std::memory_order_relaxed);
@@ -273,8 +278,12 @@ class split_list {
   // Outside a read section, waits for the turn; inside one only tries. True if it has it.
   bool wait_for_turn() noexcept;
   void end_resize() noexcept;
-  // Holding the turn: looks at the load factor, resizes if due, sets the next look, and
-  // ends the turn.
+  // Holding the turn, before any resize: rolls back a level a fork() left (L8). False, with
+  // the turn ended and a look soon, if that must wait for a caller outside a read section.
+  bool begin_turn_work() noexcept;
+  // Ends the turn, setting the next look from `elements` at the current size.
+  void end_turn(std::size_t elements) noexcept;
+  // Holding the turn: looks at the load factor, resizes if due, and ends the turn.
   void look_and_resize() noexcept;
   // (L8): rolls back a level a fork() left mid-resize. False if there is one and the caller
   // is inside a read section (rolling back waits for grace periods): resize later.
@@ -305,10 +314,11 @@ class split_list {
   std::atomic<unsigned> size_log2_{0};
   // Changes of the size each CPU counts between two looks at the load factor: a share of
   // the distance to the nearest threshold (no resize can be due before the size has moved
-  // that far), but at least 64 once the table has more than 256 buckets, so that the size's
-  // drift past a threshold stays bounded and the sum of counters stays cheap. Relaxed: a
-  // hint that every turn of the resizer (a look, reserve()) sets before it ends; a CPU whose
-  // look found the turn taken tries again 64 changes later; clear() takes a turn to look.
+  // that far), but at least kLookIntervalFloor once the table has more than 256 buckets, so
+  // that the size's drift past a threshold stays bounded and the sum of counters stays
+  // cheap. Relaxed: a hint that every turn of the resizer (a look, reserve()) sets before it
+  // ends; a CPU whose look found the turn taken tries again kLookIntervalFloor changes later;
+  // clear() takes a turn to look.
   std::atomic<std::uint64_t> look_interval_{1};
   std::atomic<list_node*> levels_[kMaxLevels]{};
   // 0, or (the fork generation of the process whose thread resizes << 1) | 1.

@@ -23,9 +23,9 @@ std::uint32_t process_fork_generation() noexcept;
 // still, so `hold` waits only for threads inside those short holds (which wait for nothing a
 // fork holds); the parent's and the child's handlers call their `release` first, before any
 // thread of grace restarts (another library's child handler registered before grace's
-// runs earlier, and meets the layer's state still held). A layer passes the same static
-// set every time (at each pool's construction); a fork whose prepare handler began before
-// the first set calls none of them.
+// runs earlier, and meets the layer's state still held). A layer sets its static hooks once,
+// while the program starts (alloc/ does so from a namespace-scope initializer, before any
+// pool can exist); a fork whose prepare handler began before that calls none of them.
 struct fork_hooks {
   void (*hold)() noexcept;
   void (*release_in_parent)() noexcept;
