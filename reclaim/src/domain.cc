@@ -44,6 +44,9 @@ void validate(const domain_options& options) {
     fail("hard_limit_bytes (" + std::to_string(options.hard_limit_bytes) +
          ") must be >= soft_limit_bytes (" + std::to_string(options.soft_limit_bytes) + ")");
   }
+  if (options.worker_nice < 0 || options.worker_nice > 19) {
+    fail("worker_nice must be between 0 and 19, got " + std::to_string(options.worker_nice));
+  }
   if (options.batching != batching::per_cpu_blocks && options.batching != batching::per_object) {
     fail("batching is not a grace::batching value");
   }

@@ -1,9 +1,14 @@
 // The engine behind grace::domain: grace-period thread, reclaim worker, barrier, limits.
 #include "reclaim_engine_internal.h"
 
+#include <pthread.h>
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <new>
 #include <optional>
@@ -44,6 +49,20 @@ void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) noexcept {
   // Relaxed: a statistic.
   while (seen < value &&
          !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+// Names the calling engine thread (top -H, gdb, perf) and raises its nice value to `nice`
+// if that is above the one it inherited. On Linux, PRIO_PROCESS with who = 0 is the calling
+// thread alone.
+void set_up_engine_thread(const char* name, int nice) noexcept {
+  ::pthread_setname_np(::pthread_self(), name);  // at most 15 characters; cannot fail then
+  errno = 0;
+  const int inherited = ::getpriority(PRIO_PROCESS, 0);
+  if (errno != 0 || nice <= inherited) return;
+  if (::setpriority(PRIO_PROCESS, 0, nice) != 0) {
+    std::fprintf(stderr, "grace: cannot set the %s thread's nice value to %d (%s); it runs at %d.\n",
+                 name, nice, std::strerror(errno), inherited);
   }
 }
 
@@ -318,6 +337,7 @@ bool reclaim_engine::track_request(request_timer& timer,
 }
 
 void reclaim_engine::gp_thread_main() noexcept {
+  set_up_engine_thread("grace-gp", 0);
   using clock = std::chrono::steady_clock;
   const auto drain_interval = owner_.options_.drain_interval;
   auto last_flush = clock::now();
@@ -448,6 +468,7 @@ void reclaim_engine::pass_to_worker(batch_node* newest, batch_node* oldest) noex
 }
 
 void reclaim_engine::worker_thread_main() noexcept {
+  set_up_engine_thread("grace-reclaim", owner_.options_.worker_nice);
   deleter_scope running_deleters;  // for the worker's whole life
   for (;;) {
     // fork(): the safe point, between two nodes (the rest of the chain is in

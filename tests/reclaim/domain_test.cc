@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -260,6 +261,8 @@ TEST(Domain, OptionsOutOfRangeThrowInvalidArgumentNamingTheOption) {
                       "hard_limit_objects"));
   EXPECT_TRUE(rejects({.soft_limit_bytes = 1 << 20, .hard_limit_bytes = (1 << 20) - 1},
                       "hard_limit_bytes"));
+  EXPECT_TRUE(rejects({.worker_nice = -1}, "worker_nice"));
+  EXPECT_TRUE(rejects({.worker_nice = 20}, "worker_nice"));
 }
 
 TEST(Domain, OptionsAtTheEdgesOfTheirRangesAreAcceptedAndKept) {
@@ -274,14 +277,51 @@ TEST(Domain, OptionsAtTheEdgesOfTheirRangesAreAcceptedAndKept) {
   }
   {
     grace::domain d({.drain_interval = 10s, .requested_gp_delay = 0us,
-                     .batching = grace::batching::per_object});
+                     .batching = grace::batching::per_object, .worker_nice = 19});
     EXPECT_EQ(d.options().drain_interval, 10s);
     EXPECT_EQ(d.options().requested_gp_delay, 0us);
     EXPECT_EQ(d.options().batching, grace::batching::per_object);
+    EXPECT_EQ(d.options().worker_nice, 19);
   }
   grace::domain defaults;
   EXPECT_EQ(defaults.options().drain_interval, 20ms);
   EXPECT_EQ(defaults.options().batching, grace::batching::per_cpu_blocks);
+  EXPECT_EQ(defaults.options().worker_nice, 0);
+}
+
+TEST(Domain, TheReclaimWorkerRunsAtTheNiceValueItsOptionsGiveAndTheGpThreadAtTheCreators) {
+  // This domain's engine threads: the ones of their name that did not exist before it.
+  auto started_since = [](std::string_view name, const std::map<pid_t, int>& before) {
+    std::map<pid_t, int> started = gt::threads_named(name);
+    std::erase_if(started, [&](const auto& thread) { return before.contains(thread.first); });
+    return started;
+  };
+  const std::map<pid_t, int> workers_before = gt::threads_named("grace-reclaim");
+  const std::map<pid_t, int> gp_threads_before = gt::threads_named("grace-gp");
+  const int creators_nice = gt::thread_nice(gt::this_thread_id());
+  ASSERT_LT(creators_nice, 19) << "the test needs a creating thread below the worker's nice";
+  grace::domain d({.worker_nice = 19});
+  std::map<pid_t, int> new_workers;
+  std::map<pid_t, int> new_gp_threads;
+  // The threads name themselves when they start.
+  ASSERT_TRUE(gt::eventually(
+      [&] {
+        new_workers = started_since("grace-reclaim", workers_before);
+        new_gp_threads = started_since("grace-gp", gp_threads_before);
+        return new_workers.size() == 1 && new_gp_threads.size() == 1 &&
+               new_workers.begin()->second == 19;
+      },
+      kNoDeadlock))
+      << new_workers.size() << " new reclaim worker(s), " << new_gp_threads.size()
+      << " new GP thread(s)"
+      << (new_workers.empty() ? "" : ", the worker's nice value " +
+                                         std::to_string(new_workers.begin()->second));
+  EXPECT_EQ(new_gp_threads.begin()->second, creators_nice);
+  // The niced worker still reclaims.
+  gt::instance_tracker tracker(1000);
+  for (std::size_t i = 0; i < 1000; ++i) d.retire(new gt::tracked(tracker, i));
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 1000));
 }
 
 TEST(Domain, GlobalDomainIsOneInstanceThatReclaims) {

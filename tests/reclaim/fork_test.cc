@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <latch>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -358,6 +360,35 @@ TEST(DomainFork, ADomainCreatedBeforeTheForkCanBeDestroyedInTheChildAndANewOneCr
   d.reset();
   EXPECT_TRUE(tracker.each_destroyed_once(0, ids));
   EXPECT_TRUE(tracker.none_destroyed(ids, 2 * ids));
+}
+#endif
+
+#if !GRACE_TESTING_TSAN  // see above: the child starts threads
+TEST(DomainFork, TheChildsRestartedReclaimWorkerKeepsItsDomainsNiceValue) {
+  grace::domain background({.worker_nice = 19});
+  grace::domain normal;
+  int status;
+  {
+    gt::watchdog dog(kNoDeadlock, "looking at the child's engine threads");
+    status = gt::run_in_child([&] {
+      // The child's only threads are the forking one and the engines' restarted ones, which
+      // name themselves as they start: one worker at 19 (this domain's), and the rest
+      // (the other domain's, the global one's if it exists) at the forking thread's 0.
+      std::map<pid_t, int> workers;
+      const bool started = gt::eventually(
+          [&] {
+            workers = gt::threads_named("grace-reclaim");
+            return workers.size() >= 2;
+          },
+          kNoDeadlock);
+      if (!started) return gt::child_failure(1, "reclaim workers restarted", workers.size());
+      const auto at_19 = std::count_if(workers.begin(), workers.end(),
+                                       [](const auto& worker) { return worker.second == 19; });
+      if (at_19 != 1) return gt::child_failure(2, "reclaim workers at nice 19", at_19);
+      return 0;
+    });
+  }
+  EXPECT_TRUE(gt::exited_cleanly(status));
 }
 #endif
 

@@ -9,10 +9,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "grace/reclaim/detail/cpu.h"
@@ -228,6 +232,38 @@ std::size_t current_rss_bytes() {
   std::size_t resident_pages = 0;
   if (!(statm >> size_pages >> resident_pages)) return 0;
   return resident_pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+pid_t this_thread_id() noexcept { return ::gettid(); }
+
+int thread_nice(pid_t tid) {
+  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return INT_MIN;
+  // "tid (name) state ...": the name may hold spaces and parentheses, so fields are counted
+  // from the last ')'. The nice value is field 19; the state, field 3, follows the ')'.
+  const std::size_t name_end = line.rfind(')');
+  if (name_end == std::string::npos) return INT_MIN;
+  std::istringstream fields(line.substr(name_end + 1));
+  std::string field;
+  for (int number = 3; number < 19; ++number) {
+    if (!(fields >> field)) return INT_MIN;
+  }
+  int nice = INT_MIN;
+  fields >> nice;
+  return nice;
+}
+
+std::map<pid_t, int> threads_named(std::string_view name) {
+  std::map<pid_t, int> found;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string thread_name;
+    if (!std::getline(comm, thread_name) || thread_name != name) continue;
+    const auto tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    found.emplace(tid, thread_nice(tid));
+  }
+  return found;
 }
 
 int wait_for_child(pid_t pid) noexcept {

@@ -35,10 +35,12 @@
 #include <cstdio>
 #include <functional>
 #include <latch>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -273,6 +275,16 @@ class tracked {
 
 // The process's resident set size now, in bytes (/proc/self/statm); 0 if unreadable.
 std::size_t current_rss_bytes();
+
+// ---------------------------------------------------------------------------------------------
+// Threads of this process (/proc/self/task).
+
+// The kernel's id of the calling thread.
+pid_t this_thread_id() noexcept;
+// A thread's nice value, from /proc/self/task/<tid>/stat; INT_MIN if unreadable.
+int thread_nice(pid_t tid);
+// Every thread of this process named `name` (pthread_setname_np), with its nice value.
+std::map<pid_t, int> threads_named(std::string_view name);
 
 // ---------------------------------------------------------------------------------------------
 // fork().

@@ -91,6 +91,15 @@ struct domain_options {
   // hundreds. Range: 0 (at once) to 10 s.
   std::chrono::microseconds requested_gp_delay{10000};
   enum batching batching = batching::per_cpu_blocks;
+  // The reclaim worker's nice value, 0 to 19. The worker runs the deleters; on a busy
+  // machine it competes for a core with the grace-period thread, and a synchronize() that
+  // liburcu folds into the GP thread's grace period waits while that thread waits behind the
+  // worker. 19 makes freeing background work that grace periods never wait behind; the price
+  // is a larger backlog under a flood, up to the hard limits (reclaim/README.md, "Freeing as
+  // background work"). The worker starts at the nice value of the thread that creates the
+  // domain (after fork(), of the forking thread) and is raised to this if it is higher, never
+  // lowered: that needs CAP_SYS_NICE.
+  int worker_nice = 0;
   // Where retire blocks come from; failing allocations take the emergency path.
   system_allocator allocator{};
 };
