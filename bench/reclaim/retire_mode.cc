@@ -6,6 +6,7 @@
 // process so their ratios are comparable (in this order; see run()):
 //   batch     grace::domain with default options (per-CPU page-sized blocks), except the
 //             pending-object limits when --soft-limit-objects / --hard-limit-objects are given
+//             and the reclaim worker's nice value when --worker-nice is
 //   call_rcu  urcu_memb_call_rcu() per object, the object embedding its rcu_head (what
 //             cds_lfht users do); finished with urcu_memb_barrier()
 //   nobatch   grace::domain with .batching = grace::batching::per_object (a GP per object)
@@ -29,6 +30,7 @@
 //                   malloc_trim, so memory freed by an earlier mode does not hide growth)
 //   peak_rss_abs_mib the absolute peak
 //   peak_pending    domain.stats().peak_pending_objects; na for call_rcu
+//   worker_nice     the domain's reclaim worker's nice value; na for call_rcu
 //   sync_*          the measuring thread's synchronize latencies during the flood
 //   barrier_ms      barrier() right after the flood
 #include <malloc.h>
@@ -223,6 +225,11 @@ result run_mode(mode m, const config& cfg, rss_sampler& rss, std::uint64_t& firs
   result r;
   r.add("bench", "retire").add("mode", mode_name(m));
   r.add("threads", std::uint64_t{cfg.threads}).add("objects", objects);
+  if (dom) {
+    r.add("worker_nice", static_cast<std::uint64_t>(dom->options().worker_nice));
+  } else {
+    r.add_na("worker_nice");
+  }
   r.add("seconds", flood_seconds, 3);
   r.add("objects_per_s", static_cast<double>(objects) / flood_seconds, 0);
   r.add("e2e_objects_per_s", static_cast<double>(objects) / (flood_seconds + barrier_ms / 1e3), 0);
@@ -274,6 +281,10 @@ void describe(options_spec& spec) {
                  "batch mode: pending objects above which retiring threads wait "
                  "(domain_options::hard_limit_objects; at least the soft limit)",
                  1);
+  spec.add_count("worker-nice", 0,
+                 "batch mode: the reclaim worker's nice value (domain_options::worker_nice; "
+                 "19 = freeing as background work)",
+                 0, 19);
   spec.add_count("sync-gap-us", kDefaultSyncGapUs,
                  "pause of the measuring thread between synchronize() calls, microseconds "
                  "(0 = back to back)");
@@ -297,6 +308,7 @@ int run(const parsed_options& options, reporter& out) {
   cfg.bulk = options.choice("pattern") == "bulk";
   cfg.batch_options.soft_limit_objects = options.count("soft-limit-objects");
   cfg.batch_options.hard_limit_objects = options.count("hard-limit-objects");
+  cfg.batch_options.worker_nice = static_cast<int>(options.count("worker-nice"));
   if (cfg.batch_options.hard_limit_objects < cfg.batch_options.soft_limit_objects) {
     throw usage_error("--hard-limit-objects: must be at least --soft-limit-objects");
   }

@@ -19,9 +19,12 @@
 // the whole run: every synchronize() runs liburcu's full path, as in a program with readers.
 // --flood matched pairs each waiter with its own mechanism's flood (synchronize also with the
 // malloc_free control); --flood all runs every waiter with every flood.
+// --worker normal|background|all: the domain's reclaim worker at nice 0, or 19
+// (domain_options::worker_nice), in the synchronize rows with the retire flood, the only
+// rows where the worker has work; every other row runs it at nice 0.
 //
 // Rows: bench=sync phase=idle|flood waiter=... flood=none|malloc_free|retire|call_rcu samples
-// p50_us p99_us max_us, plus the flooding thread's rate and the peak RSS growth.
+// worker_nice p50_us p99_us max_us, plus the flooding thread's rate and the peak RSS growth.
 #include <malloc.h>
 
 #include <algorithm>
@@ -47,6 +50,8 @@ constexpr std::uint64_t kDefaultSyncGapUs = 100;
 constexpr std::uint64_t kDefaultWarmupMs = 100;
 // The flooding thread checks its stop flag once per this many objects.
 constexpr std::uint64_t kFloodStopCheck = 1024;
+// --worker background: the lowest priority a thread can give itself.
+constexpr int kBackgroundWorkerNice = 19;
 
 enum class waiter_kind { synchronize, call_rcu };
 enum class flood_kind { none, malloc_free, retire, call_rcu };
@@ -126,8 +131,9 @@ std::vector<std::uint64_t> measure(waiter_kind waiter, domain& d, call_rcu_compl
   return samples_ns;
 }
 
-result run_row(waiter_kind waiter, flood_kind flood, const sampling& cfg, rss_sampler& rss) {
-  domain d;
+result run_row(waiter_kind waiter, flood_kind flood, int worker_nice, const sampling& cfg,
+               rss_sampler& rss) {
+  domain d(domain_options{.worker_nice = worker_nice});
   (void)urcu_memb_get_default_call_rcu_data();  // start liburcu's worker outside the timing
   malloc_trim(0);
   const std::uint64_t rss_before = current_rss_bytes();
@@ -192,6 +198,7 @@ result run_row(waiter_kind waiter, flood_kind flood, const sampling& cfg, rss_sa
   r.add("bench", "sync");
   r.add("phase", flood == flood_kind::none ? "idle" : "flood");
   r.add("waiter", waiter_name(waiter)).add("flood", flood_name(flood));
+  r.add("worker_nice", static_cast<std::uint64_t>(worker_nice));
   const latency_summary summary = summarize(samples_ns);
   r.add("samples", summary.samples);
   if (summary.samples == 0) {
@@ -217,6 +224,9 @@ void describe(options_spec& spec) {
   spec.add_choice("flood", "all", {"matched", "all"},
                   "matched: synchronize during malloc_free and retire floods, call_rcu during a "
                   "call_rcu flood; all: every waiter with every flood");
+  spec.add_choice("worker", "all", {"normal", "background", "all"},
+                  "the reclaim worker during the retire flood: nice 0, nice 19 "
+                  "(domain_options::worker_nice), or a row each");
   spec.add_number("seconds", kDefaultSyncSeconds, "time budget of each synchronize row", 0.01,
                   3600);
   spec.add_number("call-rcu-seconds", kDefaultCallRcuSeconds,
@@ -239,6 +249,10 @@ int run(const parsed_options& options, reporter& out) {
   const std::string& phase = options.choice("phase");
   const std::string& waiter = options.choice("waiter");
   const bool all_floods = options.choice("flood") == "all";
+  const std::string& worker = options.choice("worker");
+  std::vector<int> worker_nices;
+  if (worker != "background") worker_nices.push_back(0);
+  if (worker != "normal") worker_nices.push_back(kBackgroundWorkerNice);
   std::vector<waiter_kind> waiters;
   if (waiter != "call_rcu") waiters.push_back(waiter_kind::synchronize);
   if (waiter != "synchronize") waiters.push_back(waiter_kind::call_rcu);
@@ -250,7 +264,7 @@ int run(const parsed_options& options, reporter& out) {
 
   rss_sampler rss;
   if (phase != "flood") {
-    for (const waiter_kind w : waiters) out.emit(run_row(w, flood_kind::none, cfg, rss));
+    for (const waiter_kind w : waiters) out.emit(run_row(w, flood_kind::none, 0, cfg, rss));
   }
   if (phase != "idle") {
     for (const waiter_kind w : waiters) {
@@ -259,7 +273,12 @@ int run(const parsed_options& options, reporter& out) {
            {flood_kind::malloc_free, flood_kind::retire, flood_kind::call_rcu}) {
         const bool matched = f == (sync ? flood_kind::retire : flood_kind::call_rcu) ||
                              (sync && f == flood_kind::malloc_free);
-        if (matched || all_floods) out.emit(run_row(w, f, cfg, rss));
+        if (!matched && !all_floods) continue;
+        if (!sync || f != flood_kind::retire) {
+          out.emit(run_row(w, f, 0, cfg, rss));
+          continue;
+        }
+        for (const int nice : worker_nices) out.emit(run_row(w, f, nice, cfg, rss));
       }
     }
   }
