@@ -61,7 +61,8 @@ void set_up_engine_thread(const char* name, int nice) noexcept {
   const int inherited = ::getpriority(PRIO_PROCESS, 0);
   if (errno != 0 || nice <= inherited) return;
   if (::setpriority(PRIO_PROCESS, 0, nice) != 0) {
-    std::fprintf(stderr, "grace: cannot set the %s thread's nice value to %d (%s); it runs at %d.\n",
+    std::fprintf(stderr,
+                 "grace: cannot set the %s thread's nice value to %d (%s); it runs at %d.\n",
                  name, nice, std::strerror(errno), inherited);
   }
 }

@@ -85,10 +85,10 @@ struct domain_options {
   // How long the engine lets a request_gp() wait before running the grace period itself.
   // A grace period that ends meanwhile (synchronize(), one a pool's deallocating thread runs,
   // a batch's) answers the request, and the engine runs none; after a quarter of it,
-  // request_gp_claiming_overdue() hands it to one caller. Under load, a thread that makes garbage pays for a
-  // grace period at its quiescent point with ~2 membarrier() calls, where the engine's
-  // thread, competing with it for a core and woken by every reader that leaves, can need
-  // hundreds. Range: 0 (at once) to 10 s.
+  // request_gp_claiming_overdue() hands it to one caller. Under load, a thread that makes
+  // garbage pays for a grace period at its quiescent point with ~2 membarrier() calls, where
+  // the engine's thread, competing with it for a core and woken by every reader that leaves,
+  // can need hundreds. Range: 0 (at once) to 10 s.
   std::chrono::microseconds requested_gp_delay{10000};
   enum batching batching = batching::per_cpu_blocks;
   // The reclaim worker's nice value, 0 to 19. The worker runs the deleters; on a busy
