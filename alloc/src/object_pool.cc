@@ -30,6 +30,7 @@ inline constexpr std::size_t kMinStride = sizeof(void*);
 // The largest poolable object: a quarter of a chunk's bytes past the header (3 objects a
 // chunk at the largest sizes, once the bitmap and the alignment take their share).
 inline constexpr std::size_t kMaxObjectSize = (kChunkBytes - kChunkHeaderBytes) / 4;
+static_assert(kMaxObjectSize == object_pool::max_object_size);
 // Passes of unlock_chunks() over what other threads deferred before it leaves the rest to
 // the next holder or the idle trim: a holder does a bounded amount of other threads' work.
 inline constexpr unsigned kDeferredPasses = 4;

@@ -488,7 +488,8 @@ result run_one(mode m, workload w, const config& cfg, rss_sampler& rss) {
 
 void describe(options_spec& spec) {
   spec.add_count("threads", kDefaultThreads, "worker threads (producer-consumer: pairs)", 1, 256);
-  spec.add_count("object-size", kDefaultObjectSize, "bytes per object", 1, 16384);
+  spec.add_count("object-size", kDefaultObjectSize, "bytes per object", 1,
+                 object_pool::max_object_size);
   spec.add_number("seconds", kDefaultSeconds, "duration of pairs and producer-consumer", 0.1,
                   3600);
   spec.add_count("burst", kDefaultBurst, "live objects in the burst workload (all threads)", 1);

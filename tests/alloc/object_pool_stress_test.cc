@@ -295,7 +295,7 @@ TEST(ObjectPoolStress, ProducersAndConsumersKeepMemoryFlatForFifteenSeconds) {
 // Chunks emptied by two threads at once.
 
 constexpr std::size_t kChunkBytes = std::size_t{64} << 10;      // object_pool.h: 64 KiB chunks
-constexpr std::size_t kLargestObject = (kChunkBytes - 64) / 4;  // 16368: 3 objects a chunk
+constexpr std::size_t kLargestObject = grace::object_pool::max_object_size;  // 3 a chunk
 
 #if defined(__SANITIZE_THREAD__)
 constexpr bool kTsanBuild = true;

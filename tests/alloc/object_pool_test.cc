@@ -59,7 +59,7 @@ using namespace std::chrono_literals;
 using ga::describe;
 
 constexpr std::size_t kChunkBytes = std::size_t{64} << 10;  // object_pool.h: 64 KiB chunks
-constexpr std::size_t kLargestObject = (kChunkBytes - 64) / 4;  // 16368: 3 objects a chunk
+constexpr std::size_t kLargestObject = grace::object_pool::max_object_size;  // 3 a chunk
 constexpr auto kNoDrainTimer = 10s;  // the largest drain interval: the timer never fires
 constexpr auto kHold = 50ms;         // a reader lingers this long to widen race windows
 constexpr auto kNoDeadlock = 60s;    // watchdog budget for calls that must return

@@ -584,6 +584,29 @@ TEST(HashMap, KeyEqualDecidesWhichKeysAreTheSame) {
   EXPECT_TRUE(map.empty());
 }
 
+TEST(HashMap, ValuesAsLargeAsThePoolTakesAreStoredFoundAndErased) {
+  // key 8 + links 16 + value: the largest element the pool takes (a larger one is a
+  // static_assert naming object_pool::max_object_size).
+  using large_value = std::array<std::uint64_t, (grace::object_pool::max_object_size - 24) / 8>;
+  grace::hash_map<std::uint64_t, large_value> map;
+  auto value_of = [](std::uint64_t key) {
+    large_value value;
+    for (std::size_t i = 0; i < value.size(); ++i) value[i] = key * value.size() + i;
+    return value;
+  };
+  constexpr std::uint64_t kKeys = 200;
+  for (std::uint64_t key = 0; key < kKeys; ++key) ASSERT_TRUE(map.insert(key, value_of(key)));
+  for (std::uint64_t key = 0; key < kKeys; ++key) {
+    ASSERT_TRUE(map.visit(key, [&](const large_value& value) {
+      EXPECT_EQ(value, value_of(key)) << "key " << key;
+    }));
+  }
+  for (std::uint64_t key = 0; key < kKeys; key += 2) ASSERT_TRUE(map.erase(key));
+  EXPECT_EQ(map.size(), kKeys / 2);
+  EXPECT_FALSE(map.contains(0));
+  EXPECT_TRUE(map.contains(1));
+}
+
 TEST(HashMap, StringKeysAndValuesRoundTrip) {
   grace::hash_map<std::string, std::string> map;
   std::unordered_map<std::string, std::string> expected;

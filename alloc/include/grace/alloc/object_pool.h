@@ -99,7 +99,12 @@ struct pool_stats {
 
 class object_pool {
  public:
-  // Throws std::invalid_argument naming the option for bad options or object_size == 0.
+  // The largest object a pool takes: a quarter of a 64 KiB chunk past its header. Larger
+  // objects belong behind a pointer, or to malloc.
+  static constexpr std::size_t max_object_size = 16368;
+
+  // Throws std::invalid_argument naming the option for bad options, an object_size of 0 or
+  // one above max_object_size.
   explicit object_pool(std::size_t object_size, pool_options options = {},
                        domain& reclamation = domain::global());
   ~object_pool();

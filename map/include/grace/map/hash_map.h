@@ -104,6 +104,9 @@ class hash_map {
       so_key = split_key;
     }
   };
+  static_assert(sizeof(node) <= object_pool::max_object_size,
+                "grace::hash_map: an element (key, value and 16 bytes of links) must fit "
+                "grace::object_pool::max_object_size; hold a large value behind a pointer");
   static constexpr bool kTrivialNode =
       std::is_trivially_destructible_v<Key> && std::is_trivially_destructible_v<Value>;
 
