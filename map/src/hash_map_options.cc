@@ -31,6 +31,13 @@ hash_map_config validate_hash_map_options(const hash_map_options& options) {
     fail("shrink_load_factor must be in [0, grow_load_factor / 2), got " +
          std::to_string(options.shrink_load_factor));
   }
+  // The map's safety rests on the pool's reuse only after a grace period: without it a
+  // reader could find a recycled node holding another key, and a CAS could succeed on one
+  // (ABA).
+  if (!options.pool.reuse_after_gp) {
+    fail("pool.reuse_after_gp must be true: a map's readers rely on elements never being "
+         "reused before a grace period");
+  }
   return hash_map_config{options.initial_buckets, options.min_buckets, options.max_buckets,
                          options.grow_load_factor, options.shrink_load_factor};
 }

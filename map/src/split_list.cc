@@ -339,14 +339,13 @@ void split_list::look_and_resize() noexcept {
   const double buckets = std::ldexp(1.0, static_cast<int>(current));
   const auto count = static_cast<double>(elements);
   if (count > buckets * config_.grow_load_factor && current < max_log2_) {
-    const auto wanted = static_cast<std::size_t>(count / config_.grow_load_factor) + 1;
-    grow_to(std::min(max_log2_, log2_ceil(wanted)));
+    grow_to(log2_for_buckets(std::floor(count / config_.grow_load_factor) + 1));
   } else if (const unsigned floor = floor_log2();
              count < buckets * config_.shrink_load_factor && current > floor &&
              !in_read_section()) {
     // Hysteresis: shrink to half the grow load factor, not to the edge of growing again.
-    const auto wanted = static_cast<std::size_t>(2.0 * count / config_.grow_load_factor) + 1;
-    shrink_to(std::max(floor, log2_ceil(wanted)));
+    shrink_to(std::max(floor,
+                       log2_for_buckets(std::floor(2.0 * count / config_.grow_load_factor) + 1)));
   }
   // Relaxed: as above. A resize took time (a shrink waits for grace periods): count again.
   end_turn(size_log2_.load(std::memory_order_relaxed) == current ? elements : size());
@@ -377,17 +376,25 @@ void split_list::schedule_next_look(std::uint64_t distance) noexcept {
 }
 
 void split_list::reserve(std::size_t elements) {
-  const auto wanted = static_cast<std::size_t>(
-      std::ceil(static_cast<double>(elements) / config_.grow_load_factor));
-  const unsigned target = std::min(max_log2_, log2_ceil(wanted));
+  const unsigned target =
+      log2_for_buckets(static_cast<double>(elements) / config_.grow_load_factor);
   // Relaxed: a floor the resizer reads; a shrink racing with this call may still run once.
-  std::size_t reserved = reserved_elements_.load(std::memory_order_relaxed);
-  while (reserved < elements &&
-         !reserved_elements_.compare_exchange_weak(reserved, elements, std::memory_order_relaxed)) {
+  std::size_t replaced = reserved_elements_.load(std::memory_order_relaxed);
+  bool raised = false;
+  while (replaced < elements && !raised) {
+    // Relaxed: as above.
+    raised = reserved_elements_.compare_exchange_weak(replaced, elements,
+                                                      std::memory_order_relaxed);
   }
   if (!wait_for_turn()) return;    // inside a read section, behind another resizer
   if (!begin_turn_work()) return;  // inside a read section: grow later
   const bool grown = grow_to(target);
+  if (!grown && raised) {
+    // A reservation the table could not grow to must not keep what it did grow from
+    // shrinking again. Relaxed: as above; a larger reservation made since stays.
+    std::size_t ours = elements;
+    reserved_elements_.compare_exchange_strong(ours, replaced, std::memory_order_relaxed);
+  }
   // Looks that came due meanwhile found the turn taken: the next one is ours to set.
   end_turn(size());
   if (!grown) throw std::bad_alloc();
@@ -397,9 +404,13 @@ unsigned split_list::floor_log2() const noexcept {
   // Relaxed: see reserved_elements_.
   const std::size_t reserved = reserved_elements_.load(std::memory_order_relaxed);
   if (reserved == 0) return min_log2_;
-  const auto wanted = static_cast<std::size_t>(
-      std::ceil(static_cast<double>(reserved) / config_.grow_load_factor));
-  return std::clamp(log2_ceil(wanted), min_log2_, max_log2_);
+  return std::max(min_log2_,
+                  log2_for_buckets(static_cast<double>(reserved) / config_.grow_load_factor));
+}
+
+unsigned split_list::log2_for_buckets(double buckets) const noexcept {
+  if (!(std::ceil(buckets) < std::ldexp(1.0, static_cast<int>(max_log2_)))) return max_log2_;
+  return log2_ceil(static_cast<std::size_t>(std::ceil(buckets)));
 }
 
 void split_list::unlink_slow(list_node* start, list_node* node) noexcept {

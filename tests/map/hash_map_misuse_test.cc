@@ -1,7 +1,7 @@
 // Misuse of grace::hash_map that the library diagnoses instead of corrupting memory quietly:
-// a map destroyed while another thread still uses it, and a transparent Hash that hashes a
-// lookup key otherwise than the Key it converts to (builds with GRACE_CHECK_MISUSE, the
-// default without NDEBUG), and a pointer from a pinned view read after the view ended
+// a map destroyed while another thread still uses it, a map updated from inside its own
+// update() or erase_if() callback, and a transparent Hash that hashes a lookup key otherwise
+// than the Key it stands for (builds with GRACE_CHECK_MISUSE, the default without NDEBUG), and a pointer from a pinned view read after the view ended
 // (AddressSanitizer builds, through the element pool's poisoning).
 //
 // Each check only exists in the builds that can make it, so every registered test runs.
@@ -15,6 +15,7 @@
 #include <latch>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "grace/map/hash_map.h"
@@ -92,6 +93,77 @@ TEST(HashMapMisuse, ATransparentHashThatHashesALookupKeyOtherwiseThanItsKeyIsRep
   EXPECT_THROW(map.find(key), std::logic_error);
   EXPECT_THROW(map.erase(key), std::logic_error);
   EXPECT_EQ(map.find(std::string("key")), 1);
+  EXPECT_EQ(map.size(), 1u);
+}
+
+TEST(HashMapMisuse, UpdatingTheMapFromInsideUpdatesCallbackThrowsAndChangesNothing) {
+  u64_map map;
+  ASSERT_TRUE(map.insert(1, 10));
+  ASSERT_TRUE(map.insert(2, 20));
+  // Unchecked, the outer update would retry for ever: each run of f replaces key 1 again.
+  EXPECT_THROW(map.update(1,
+                          [&](std::uint64_t v) {
+                            map.assign(1, v + 100);
+                            return v + 1;
+                          }),
+               std::logic_error);
+  EXPECT_THROW(map.update(1,
+                          [&](std::uint64_t v) {
+                            map.insert(3, 30);
+                            return v + 1;
+                          }),
+               std::logic_error);
+  // Reads from inside the callback are fine.
+  EXPECT_TRUE(map.update(1, [&](std::uint64_t v) { return v + map.find(2).value_or(0); }));
+  EXPECT_EQ(map.find(1), 30u);
+  EXPECT_EQ(map.find(2), 20u);
+  EXPECT_FALSE(map.contains(3));
+  EXPECT_EQ(map.size(), 2u);
+  // The mark is gone once the callback has thrown or returned.
+  EXPECT_TRUE(map.insert(3, 30));
+}
+
+TEST(HashMapMisuse, UpdatingTheMapFromInsideErasePredicateThrowsAndChangesNothing) {
+  u64_map map;
+  ASSERT_TRUE(map.insert(1, 10));
+  // "Erase if stale, else touch": the touch replaces the element pred is looking at.
+  EXPECT_THROW(map.erase_if(1,
+                            [&](std::uint64_t v) {
+                              map.assign(1, v + 1);
+                              return false;
+                            }),
+               std::logic_error);
+  EXPECT_THROW(map.erase_if(1,
+                            [&](std::uint64_t) {
+                              map.erase(1);
+                              return true;
+                            }),
+               std::logic_error);
+  EXPECT_EQ(map.find(1), 10u);
+  // Another map may be updated from inside the predicate.
+  u64_map other;
+  EXPECT_TRUE(map.erase_if(1, [&](std::uint64_t v) { return other.insert(1, v); }));
+  EXPECT_EQ(other.find(1), 10u);
+  EXPECT_TRUE(map.empty());
+}
+
+// Hashes std::string_view otherwise than std::string, whose conversion from it is explicit.
+struct view_salting_hash {
+  using is_transparent = void;
+  std::size_t operator()(const std::string& key) const { return std::hash<std::string>{}(key); }
+  std::size_t operator()(std::string_view key) const {
+    return std::hash<std::string_view>{}(key) ^ 0x5a5a;
+  }
+};
+
+TEST(HashMapMisuse, ATransparentHashThatHashesAStringViewOtherwiseThanItsStringIsReported) {
+  grace::hash_map<std::string, int, view_salting_hash, std::equal_to<>> map;
+  ASSERT_TRUE(map.insert("key", 1));
+  const std::string_view key = "key";
+  // Unchecked, these would miss the key that is present.
+  EXPECT_THROW(map.find(key), std::logic_error);
+  EXPECT_THROW(map.contains(key), std::logic_error);
+  EXPECT_THROW(map.erase(key), std::logic_error);
   EXPECT_EQ(map.size(), 1u);
 }
 

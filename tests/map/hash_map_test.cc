@@ -16,6 +16,7 @@
 #include "grace/map/hash_map.h"
 
 #include <absl/hash/hash.h>
+#include <sys/resource.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -653,10 +654,12 @@ static_assert(!erases_by<plain_string_map, std::string_view>);
 static_assert(finds_by<plain_string_map, const char*>);  // converts to a Key
 
 // A key that counts how many times one is built, and a transparent hash and equality that
-// also take its id alone.
+// also take its id alone. No key can be built from an id alone (the tag), so debug builds'
+// check of a transparent hash, which builds a Key from a lookup key it can, skips it too.
 struct counted_key {
   static inline std::atomic<int> built{0};
-  explicit counted_key(std::uint64_t key_id) : id(key_id) { built.fetch_add(1); }
+  struct from_id {};
+  counted_key(from_id, std::uint64_t key_id) : id(key_id) { built.fetch_add(1); }
   counted_key(const counted_key& other) : id(other.id) { built.fetch_add(1); }
   counted_key& operator=(const counted_key&) = delete;
   std::uint64_t id;
@@ -680,7 +683,7 @@ struct id_equal {
 
 TEST(HashMap, ReadsAndErasesByATransparentKeyBuildNoKey) {
   grace::hash_map<counted_key, std::uint64_t, id_hash, id_equal> map;
-  for (std::uint64_t id = 0; id < 200; ++id) ASSERT_TRUE(map.insert(counted_key(id), id * 3));
+  for (std::uint64_t id = 0; id < 200; ++id) ASSERT_TRUE(map.insert(counted_key({}, id), id * 3));
   const int built = counted_key::built.load();
   for (std::uint64_t id = 0; id < 400; ++id) {
     const bool present = id < 200;
@@ -809,6 +812,32 @@ TEST(HashMap, InvalidPoolOptionsAreRejectedByName) {
   options.pool.batch = 64;
   options.pool.high_watermark = 8;
   EXPECT_TRUE(rejects(options, "high_watermark"));
+}
+
+TEST(HashMap, APoolThatReusesElementsBeforeAGracePeriodIsRejectedByName) {
+  grace::hash_map_options options;
+  options.pool.reuse_after_gp = false;
+  EXPECT_TRUE(rejects(options, "reuse_after_gp"));
+}
+
+TEST(HashMap, ValuesKeepTheirAlignmentWhateverAlignmentThePoolOptionsAsk) {
+  struct alignas(64) line_value {
+    std::uint64_t word;
+  };
+  for (const std::size_t asked : {std::size_t{8}, std::size_t{16}, std::size_t{256}}) {
+    grace::hash_map_options options;
+    options.pool.alignment = asked;
+    grace::hash_map<std::uint64_t, line_value> map(options);
+    for (std::uint64_t key = 0; key < 300; ++key) ASSERT_TRUE(map.insert(key, {key}));
+    auto view = map.pin();
+    for (std::uint64_t key = 0; key < 300; ++key) {
+      const line_value* value = view.find(key);
+      ASSERT_NE(value, nullptr);
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(value) % alignof(line_value), 0u)
+          << "key " << key << " with pool.alignment " << asked;
+      EXPECT_EQ(value->word, key);
+    }
+  }
 }
 
 TEST(HashMap, OptionsAtTheEdgesOfTheirRangesAreAccepted) {
@@ -1014,6 +1043,49 @@ TEST(HashMap, ReserveGrowsTheTableSoNElementsFitUnderTheGrowLoadFactor) {
   EXPECT_EQ(map.stats().buckets, 512u);
   EXPECT_TRUE(map.empty());
 }
+
+TEST(HashMap, ReservingMoreThanTheLargestTableHoldsGrowsItToMaxBuckets) {
+  for (const std::size_t elements :
+       {std::size_t{1} << 20, std::numeric_limits<std::size_t>::max() / 2,
+        std::numeric_limits<std::size_t>::max()}) {
+    u64_map map(resize_options(4, 1024));
+    map.reserve(elements);
+    EXPECT_EQ(map.stats().buckets, 1024u) << "reserve(" << elements << ")";
+    for (std::uint64_t k = 0; k < 3000; ++k) ASSERT_TRUE(map.insert(k, k));
+    EXPECT_EQ(map.size(), 3000u);
+    EXPECT_EQ(map.stats().buckets, 1024u);
+  }
+}
+
+#if !GRACE_TESTING_SANITIZED  // the sanitizers' shadow memory does not fit an address limit
+// A reserve() that runs out of memory part way throws and keeps the levels it did build, but
+// not the reservation: the table shrinks back once it is found too large.
+TEST(HashMap, AReserveThatRunsOutOfMemoryLeavesNoReservationBehind) {
+  const int status = gt::run_in_child([] {
+    u64_map map(resize_options(4, std::size_t{1} << 30));
+    // Room for a few MiB of bucket levels, not for the 16 GiB that 2^30 buckets take.
+    const rlimit limit{.rlim_cur = gt::current_address_space_bytes() + (std::size_t{64} << 20),
+                       .rlim_max = RLIM_INFINITY};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) return gt::child_failure(1, "setrlimit", errno);
+    try {
+      map.reserve(std::size_t{1} << 30);
+      return gt::child_failure(2, "reserve() of 2^30 buckets returned", map.stats().buckets);
+    } catch (const std::bad_alloc&) {
+    }
+    const std::size_t grown = map.stats().buckets;
+    if (grown <= 4) return gt::child_failure(3, "buckets grown before the failure", grown);
+    for (std::uint64_t k = 0; k < 10'000 && map.stats().buckets == grown; ++k) {
+      map.insert(k, k);
+      map.erase(k);
+    }
+    if (map.stats().buckets >= grown) {
+      return gt::child_failure(4, "buckets after 10,000 updates of an empty map", grown);
+    }
+    return 0;
+  });
+  EXPECT_TRUE(gt::exited_cleanly(status));
+}
+#endif
 
 // reserve(n) exists so that n inserts do not resize; a table that shrinks back on the first
 // insert after reserve() defeats it.

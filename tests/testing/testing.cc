@@ -226,12 +226,25 @@ tracked::~tracked() {
 
 // ---------------------------------------------------------------------------------------------
 
-std::size_t current_rss_bytes() {
+namespace {
+struct statm_pages {
+  std::size_t size = 0;
+  std::size_t resident = 0;
+};
+statm_pages read_statm() {
   std::ifstream statm("/proc/self/statm");
-  std::size_t size_pages = 0;
-  std::size_t resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return 0;
-  return resident_pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  statm_pages pages;
+  if (!(statm >> pages.size >> pages.resident)) return {};
+  return pages;
+}
+}  // namespace
+
+std::size_t current_rss_bytes() {
+  return read_statm().resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+std::size_t current_address_space_bytes() {
+  return read_statm().size * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 }
 
 pid_t this_thread_id() noexcept { return ::gettid(); }

@@ -275,6 +275,9 @@ class tracked {
 
 // The process's resident set size now, in bytes (/proc/self/statm); 0 if unreadable.
 std::size_t current_rss_bytes();
+// The process's mapped address space now, in bytes (/proc/self/statm), what RLIMIT_AS
+// limits; 0 if unreadable.
+std::size_t current_address_space_bytes();
 
 // ---------------------------------------------------------------------------------------------
 // Threads of this process (/proc/self/task).

@@ -3,8 +3,8 @@
 // A drop-in for a mutex around std::unordered_map, for maps shared between threads:
 //
 //   grace::hash_map<std::uint64_t, session> sessions;
-//   sessions.insert_or_assign(id, session{...});      // lock-free
-//   if (auto s = sessions.find(id)) use(*s);          // wait-free, writes no shared memory
+//   sessions.insert_or_assign(id, session{...});      // lock-free (see below)
+//   if (auto s = sessions.find(id)) use(*s);          // wait-free, writes no shared memory*
 //   sessions.visit(id, [](const session& s) { ... }); // no copy, under a read guard
 //   auto view = sessions.pin();                       // zero-copy reads while `view` lives
 //   const session* s = view.find(id);
@@ -19,6 +19,20 @@
 //   - No iterators: for_each() visits every element present for the whole iteration
 //     exactly once, even across concurrent resizes.
 //   - size() is exact only when no update is in flight.
+//   - An erased or replaced element's ~Key and ~Value run after a grace period, on the
+//     domain's reclaim worker thread, not inside erase(), assign() or insert_or_assign().
+//   - Updates take no lock, but one may wait for a grace period: the update that leaves its
+//     CPU with pool_options::caller_gp_threshold elements waiting for reuse runs one (0
+//     turns that off), a shrink waits for some (shrink_load_factor 0 turns shrinking off),
+//     and so does a retire() past its domain's hard limits. A grace period waits for every
+//     read section in the process, so a thread must not wait for another thread's update
+//     while it holds one (a pin(), a guard, a callback of visit, for_each, update or
+//     erase_if): each would wait for the other.
+//   - update()'s and erase_if()'s callbacks must not update the map: they run again when
+//     another update of the key wins the race, and one that updates that key makes its
+//     caller lose every race (GRACE_CHECK_MISUSE builds throw std::logic_error).
+//   * With GRACE_CHECK_MISUSE (debug builds), each operation also counts itself in a
+//     shared counter, so that ~hash_map() can report a map destroyed while in use.
 //
 // Elements come from a grace::object_pool and go back to it when erased or replaced; the
 // pool hands them out again only after a grace period. The table grows and shrinks on its
@@ -30,6 +44,7 @@
 
 #include <absl/hash/hash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -51,7 +66,10 @@
 // Misuse checks: with GRACE_CHECK_MISUSE set to 1 (the default when NDEBUG is not defined),
 // every operation and pinned view counts itself in flight, and ~hash_map() aborts with a
 // message naming the map if any is (a map destroyed while another thread still uses it).
-// The count is a shared write per operation, so release builds leave it out.
+// The count is a shared write per operation, so release builds leave it out. No layout
+// depends on it: a map or pinned view shared by code built with and without it (a release
+// library, a debug program) is the same object to both, and only the checks differ. Define
+// it alike everywhere all the same: inline functions that differ break the ODR.
 #ifndef GRACE_CHECK_MISUSE
 #ifdef NDEBUG
 #define GRACE_CHECK_MISUSE 0
@@ -90,6 +108,10 @@ struct hash_map_stats {
 
 namespace detail {
 hash_map_config validate_hash_map_options(const hash_map_options& options);
+#if GRACE_CHECK_MISUSE
+// The map whose update() f or erase_if() pred this thread is running, or nullptr.
+inline thread_local const void* retried_callback_map = nullptr;
+#endif
 }  // namespace detail
 
 template <class Key, class Value, class Hash, class KeyEqual>
@@ -112,29 +134,28 @@ class hash_map {
 
   // Every operation and pinned view runs inside one: a read section, and the in-flight count
   // that ~hash_map() checks when GRACE_CHECK_MISUSE is on.
+  // Its layout is the same whatever GRACE_CHECK_MISUSE is, as the map's is (see
+  // operations_in_flight_), so a pinned_view passed between translation units built with
+  // and without the checks is the same object to both.
   class operation_scope {
    public:
-    explicit operation_scope([[maybe_unused]] const hash_map& map) noexcept
+    explicit operation_scope(const hash_map& map) noexcept : map_(map) {
 #if GRACE_CHECK_MISUSE
-        : map_(map) {
       // Relaxed: a diagnostic; a destructor racing with the increment may miss it.
       map_.operations_in_flight_.fetch_add(1, std::memory_order_relaxed);
+#endif
     }
     ~operation_scope() {
+#if GRACE_CHECK_MISUSE
       map_.operations_in_flight_.fetch_sub(1, std::memory_order_relaxed);  // Relaxed: as above.
-    }
-#else
-    {
-    }
 #endif
+    }
     operation_scope(const operation_scope&) = delete;
     operation_scope& operator=(const operation_scope&) = delete;
 
    private:
     read_guard guard_;
-#if GRACE_CHECK_MISUSE
-    const hash_map& map_;
-#endif
+    [[maybe_unused]] const hash_map& map_;
   };
 
  public:
@@ -245,6 +266,7 @@ class hash_map {
   bool insert(const Key& key, Value value) { return try_emplace(key, std::move(value)); }
   template <class... Args>
   bool try_emplace(const Key& key, Args&&... args) {
+    check_not_in_retried_callback();
     const std::uint64_t hash = hash_(key);
     bool inserted;
     {
@@ -261,6 +283,7 @@ class hash_map {
 
   // Inserts or replaces (BPF_ANY); true if inserted.
   bool insert_or_assign(const Key& key, Value value) {
+    check_not_in_retried_callback();
     const std::uint64_t hash = hash_(key);
     bool inserted;
     {
@@ -276,6 +299,7 @@ class hash_map {
 
   // Replaces if present (BPF_EXIST); false if absent.
   bool assign(const Key& key, Value value) {
+    check_not_in_retried_callback();
     const std::uint64_t hash = hash_(key);
     auto guard = pin_reader();
     detail::list_node* start;
@@ -287,9 +311,11 @@ class hash_map {
   }
 
   // Atomically replaces the value with f(old); f may run again if another update wins the
-  // race, and must not call back into the map. False if absent.
+  // race, and must not update the map (GRACE_CHECK_MISUSE: std::logic_error); reading it is
+  // fine. False if absent.
   template <class F>
   bool update(const Key& key, F&& f) {
+    check_not_in_retried_callback();
     const std::uint64_t hash = hash_(key);
     const std::uint64_t so_key = detail::element_so_key(hash);
     auto guard = pin_reader();
@@ -297,7 +323,8 @@ class hash_map {
     for (;;) {
       position at = search(start, key, so_key);
       if (at.found == nullptr) return false;
-      node* fresh = make_node(hash, key, f(static_cast<const Value&>(at.found->value)));
+      node* fresh =
+          make_node(hash, key, run_retried_callback(f, static_cast<const Value&>(at.found->value)));
       if (replace(start, at, fresh)) return true;
       discard(fresh);
     }
@@ -310,6 +337,8 @@ class hash_map {
     return erase_if(key, [](const Value&) { return true; });
   }
   // Erases if pred(value) holds for the current value; false if absent or pred says no.
+  // pred runs again if another update of the key wins the race; like update()'s f, it must
+  // not update the map.
   template <class Pred>
   bool erase_if(const Key& key, Pred&& pred) {
     return erase_if<Key, Pred>(key, std::forward<Pred>(pred));
@@ -317,6 +346,7 @@ class hash_map {
   template <class K, class Pred>
     requires lookup_key<K>
   bool erase_if(const K& key, Pred&& pred) {
+    check_not_in_retried_callback();
     const std::uint64_t hash = hash_of(key);
     const std::uint64_t so_key = detail::element_so_key(hash);
     bool erased = false;
@@ -325,7 +355,10 @@ class hash_map {
       detail::list_node* start = list_.bucket_of(hash);
       for (;;) {
         position at = search(start, key, so_key);
-        if (at.found == nullptr || !pred(static_cast<const Value&>(at.found->value))) break;
+        if (at.found == nullptr ||
+            !run_retried_callback(pred, static_cast<const Value&>(at.found->value))) {
+          break;
+        }
         if (remove(start, at)) {
           erased = true;
           break;
@@ -348,12 +381,16 @@ class hash_map {
   // it skips growing if another resize is running (waiting could deadlock), or, in the child
   // of a fork() that copied a resize mid-way, until a resize outside a read section has
   // rolled it back.
-  void reserve(std::size_t n) { list_.reserve(n); }
+  void reserve(std::size_t n) {
+    check_not_in_retried_callback();
+    list_.reserve(n);
+  }
 
   // Erases every element. Concurrent updates may leave elements inserted meanwhile. Outside
   // a read section it then waits once (domain::barrier()) so that erased elements with
   // non-trivial destructors have been destroyed when it returns.
   void clear() {
+    check_not_in_retried_callback();
     list_.drop_reservation();
     release_all(/*destroying=*/false);
     // One update of many elements, or none (an empty map that only had a reservation):
@@ -404,12 +441,39 @@ class hash_map {
     node* found;             // the live element with the key, or nullptr
   };
 
+  // A node is aligned for its Key and Value whatever alignment the caller asks for; a larger
+  // one is kept (a cache line, say).
   static pool_options with_node_alignment(pool_options options) {
-    if (options.alignment == 0) options.alignment = alignof(node);
+    options.alignment = std::max(options.alignment, alignof(node));
     return options;
   }
 
   operation_scope pin_reader() const noexcept { return operation_scope(*this); }
+
+  // update()'s f and erase_if()'s pred run again whenever another update of their key wins;
+  // one that updates the map itself would make its caller lose for ever. GRACE_CHECK_MISUSE
+  // builds mark the thread while they run, and every update checks the mark.
+  template <class F, class... Args>
+  decltype(auto) run_retried_callback(F& f, Args&&... args) const {
+#if GRACE_CHECK_MISUSE
+    struct restore_mark {
+      const void* saved = detail::retried_callback_map;
+      ~restore_mark() { detail::retried_callback_map = saved; }
+    } restore;
+    detail::retried_callback_map = this;
+#endif
+    return f(std::forward<Args>(args)...);
+  }
+  void check_not_in_retried_callback() const {
+#if GRACE_CHECK_MISUSE
+    if (detail::retried_callback_map == this) {
+      throw std::logic_error(
+          "grace::hash_map: the map updated from inside its own update() f or erase_if() "
+          "pred, which run again whenever another update of the key wins: the outer call "
+          "would never finish");
+    }
+#endif
+  }
 
   void check_unused() const noexcept {
 #if GRACE_CHECK_MISUSE
@@ -477,14 +541,14 @@ class hash_map {
     detail::list_node* start;
     return lookup_in_bucket(hash_of(key), key, start);
   }
-  // The hash of a key. With GRACE_CHECK_MISUSE, a K other than Key that converts to one
-  // implicitly (a call that, without a transparent Hash, would look the converted Key up)
-  // must hash like that Key: otherwise std::logic_error.
+  // The hash of a key. With GRACE_CHECK_MISUSE, a K other than Key that a Key can be built
+  // from (std::string from std::string_view, too, though that conversion is explicit) must
+  // hash like that Key: otherwise std::logic_error. The check builds a Key.
   template <class K>
   std::uint64_t hash_of(const K& key) const {
     const std::uint64_t hash = hash_(key);
 #if GRACE_CHECK_MISUSE
-    if constexpr (!std::is_same_v<K, Key> && std::is_convertible_v<const K&, Key>) {
+    if constexpr (!std::is_same_v<K, Key> && std::is_constructible_v<Key, const K&>) {
       if (hash != static_cast<std::uint64_t>(hash_(Key(key)))) {
         throw std::logic_error(
             "grace::hash_map: the transparent Hash gives a lookup key another hash than the Key "

@@ -290,6 +290,9 @@ class split_list {
   bool roll_back_abandoned_level() noexcept;
   bool grow_to(unsigned size_log2) noexcept;
   unsigned floor_log2() const noexcept;  // the smallest size a shrink may reach
+  // log2 of the smallest power of two of at least `buckets`, at most max_log2_: safe for any
+  // value, where converting a double past SIZE_MAX to an integer is undefined.
+  unsigned log2_for_buckets(double buckets) const noexcept;
   // How many changes of the size may pass, from `elements` at 2^size_log2 buckets, before a
   // grow or shrink can be due (0: one is due, or held back by the caller's read section).
   std::uint64_t changes_until_resize_due(std::size_t elements, unsigned size_log2) const noexcept;
