@@ -724,6 +724,86 @@ TEST(HashMap, StringKeysAreFoundAndErasedByStringViewsAndLiterals) {
   EXPECT_EQ(map.size(), 99u);
 }
 
+// A key that can only be moved, found by its id too (transparent hash and equality).
+struct move_only_key {
+  explicit move_only_key(std::uint64_t key_id) : id(key_id) {}
+  move_only_key(move_only_key&&) = default;
+  move_only_key& operator=(move_only_key&&) = default;
+  move_only_key(const move_only_key&) = delete;
+  std::uint64_t id;
+};
+std::uint64_t id_of(const move_only_key& k) { return k.id; }
+using move_only_key_map = grace::hash_map<move_only_key, std::uint64_t, id_hash, id_equal>;
+using move_only_value_map = grace::hash_map<std::uint64_t, std::unique_ptr<std::uint64_t>>;
+
+template <class Map, class K, class V>
+concept assigns = requires(Map& m, const K& k, V v) { m.assign(k, std::move(v)); };
+template <class Map, class K>
+concept updates = requires(Map& m, const K& k) { m.update(k, [](const auto& v) { return v; }); };
+// A replacement needs a copy of the key; find() returns a copy of the value.
+static_assert(!assigns<move_only_key_map, move_only_key, std::uint64_t>);
+static_assert(!updates<move_only_key_map, move_only_key>);
+static_assert(!finds_by<move_only_value_map, std::uint64_t>);
+
+TEST(HashMap, MoveOnlyKeysAreMovedInAndFoundByTheirTransparentId) {
+  move_only_key_map map;
+  for (std::uint64_t id = 0; id < 300; id += 3) {
+    ASSERT_TRUE(map.insert(move_only_key(id), id));
+    ASSERT_TRUE(map.try_emplace(move_only_key(id + 1), id + 1));
+    ASSERT_TRUE(map.insert_or_assign(move_only_key(id + 2), id + 2));
+  }
+  EXPECT_FALSE(map.insert_or_assign(move_only_key(7), 70));  // replaces
+  EXPECT_EQ(map.size(), 300u);
+  for (std::uint64_t id = 0; id < 300; ++id) {
+    EXPECT_EQ(map.find(id), id == 7 ? 70 : id) << id;
+  }
+  move_only_key present(5);
+  EXPECT_FALSE(map.insert(std::move(present), 0));
+  EXPECT_EQ(present.id, 5u) << "a key that was not inserted is the caller's still";
+  EXPECT_TRUE(map.erase(std::uint64_t{5}));
+  EXPECT_FALSE(map.contains(std::uint64_t{5}));
+}
+
+TEST(HashMap, MoveOnlyValuesAreStoredAndReadInPlace) {
+  move_only_value_map map;
+  for (std::uint64_t key = 0; key < 100; ++key) {
+    ASSERT_TRUE(map.insert(key, std::make_unique<std::uint64_t>(key * 2)));
+  }
+  EXPECT_FALSE(map.insert_or_assign(4, std::make_unique<std::uint64_t>(400)));
+  EXPECT_TRUE(map.update(6, [](const std::unique_ptr<std::uint64_t>& v) {
+    return std::make_unique<std::uint64_t>(*v + 1);
+  }));
+  auto view = map.pin();
+  for (std::uint64_t key = 0; key < 100; ++key) {
+    const std::unique_ptr<std::uint64_t>* value = view.find(key);
+    ASSERT_NE(value, nullptr);
+    EXPECT_EQ(**value, key == 4 ? 400 : key == 6 ? 13 : key * 2) << key;
+  }
+}
+
+// An insert that loses the race for its key after it built its element (the key already
+// moved in) gives the caller the key back: the Value's constructor holds both racers there
+// until both have seen the key absent.
+TEST(HashMap, AnRvalueKeyThatLosesTheInsertRaceIsGivenBack) {
+  struct rendezvous_value {
+    explicit rendezvous_value(std::barrier<>& both_built) { both_built.arrive_and_wait(); }
+  };
+  const std::string long_key(100, 'k');
+  for (int round = 0; round < 50; ++round) {
+    grace::hash_map<std::string, rendezvous_value> map;
+    std::barrier<> both_built(2);
+    std::array<std::string, 2> keys{long_key, long_key};
+    std::array<bool, 2> inserted{};
+    gt::run_threads(2, [&](unsigned t) {
+      inserted[t] = map.try_emplace(std::move(keys[t]), both_built);
+    });
+    ASSERT_NE(inserted[0], inserted[1]) << "round " << round;
+    const unsigned loser = inserted[0] ? 1 : 0;
+    EXPECT_EQ(keys[loser], long_key) << "round " << round;
+    EXPECT_EQ(map.size(), 1u);
+  }
+}
+
 TEST(HashMap, StatsReportSizeBucketsAndTheComponentsBelow) {
   grace::hash_map_options options = resize_options(8, 1024);
   u64_map map(options);

@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -202,9 +203,14 @@ class hash_map {
   // std::unordered_map): find(std::string_view) on std::string keys allocates nothing.
   // hash(k) must equal hash(Key(k)), and KeyEqual must agree with it.
 
-  std::optional<Value> find(const Key& key) const { return find<Key>(key); }
+  // A copy of the value: for a Value that cannot be copied, read it with visit() or pin().
+  std::optional<Value> find(const Key& key) const
+    requires std::copy_constructible<Value>
+  {
+    return find<Key>(key);
+  }
   template <class K>
-    requires lookup_key<K>
+    requires lookup_key<K> && std::copy_constructible<Value>
   std::optional<Value> find(const K& key) const {
     auto guard = pin_reader();
     const node* n = lookup(key);
@@ -263,42 +269,29 @@ class hash_map {
 
   // Inserts if absent (BPF_NOEXIST). The value is built only when the key is absent at the
   // time of the check; a racing insert of the same key makes it go back to the pool unused.
+  // A key passed as an rvalue is moved into the element, and moved back if the element is
+  // not inserted (where Key is move-assignable).
   bool insert(const Key& key, Value value) { return try_emplace(key, std::move(value)); }
+  bool insert(Key&& key, Value value) { return try_emplace(std::move(key), std::move(value)); }
   template <class... Args>
   bool try_emplace(const Key& key, Args&&... args) {
-    check_not_in_retried_callback();
-    const std::uint64_t hash = hash_(key);
-    bool inserted;
-    {
-      auto guard = pin_reader();
-      detail::list_node* start;
-      if (lookup_in_bucket(hash, key, start) != nullptr) return false;
-      node* fresh = make_node(hash, key, std::forward<Args>(args)...);
-      inserted = discard_on_throw(fresh, [&] { return link_new(start, fresh, key); });
-      if (!inserted) discard(fresh);
-    }
-    if (inserted) list_.count(+1);
-    return inserted;
+    return emplace_if_absent(key, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  bool try_emplace(Key&& key, Args&&... args) {
+    return emplace_if_absent(std::move(key), std::forward<Args>(args)...);
   }
 
-  // Inserts or replaces (BPF_ANY); true if inserted.
+  // Inserts or replaces (BPF_ANY); true if inserted. An rvalue key is moved into the element.
   bool insert_or_assign(const Key& key, Value value) {
-    check_not_in_retried_callback();
-    const std::uint64_t hash = hash_(key);
-    bool inserted;
-    {
-      auto guard = pin_reader();
-      node* fresh = make_node(hash, key, std::move(value));
-      inserted = discard_on_throw(fresh, [&] {
-        return upsert(list_.bucket_of(hash), fresh, key, /*may_insert=*/true);
-      }) == upsert_result::inserted;
-    }
-    if (inserted) list_.count(+1);
-    return inserted;
+    return store(key, std::move(value));
   }
+  bool insert_or_assign(Key&& key, Value value) { return store(std::move(key), std::move(value)); }
 
-  // Replaces if present (BPF_EXIST); false if absent.
-  bool assign(const Key& key, Value value) {
+  // Replaces if present (BPF_EXIST); false if absent. The replacement holds a copy of the key.
+  bool assign(const Key& key, Value value)
+    requires std::copy_constructible<Key>
+  {
     check_not_in_retried_callback();
     const std::uint64_t hash = hash_(key);
     auto guard = pin_reader();
@@ -314,7 +307,9 @@ class hash_map {
   // race, and must not update the map (GRACE_CHECK_MISUSE: std::logic_error); reading it is
   // fine. False if absent.
   template <class F>
-  bool update(const Key& key, F&& f) {
+  bool update(const Key& key, F&& f)
+    requires std::copy_constructible<Key>
+  {
     check_not_in_retried_callback();
     const std::uint64_t hash = hash_(key);
     const std::uint64_t so_key = detail::element_so_key(hash);
@@ -490,17 +485,61 @@ class hash_map {
 #endif
   }
 
-  template <class... Args>
-  node* make_node(std::uint64_t hash, const Key& key, Args&&... args) {
+  template <class K, class... Args>
+  node* make_node(std::uint64_t hash, K&& key, Args&&... args) {
     void* memory = pool_.allocate();
     try {
       detail::check_untagged(memory);
-      return new (memory) node(detail::element_so_key(hash), key, std::forward<Args>(args)...);
+      return new (memory)
+          node(detail::element_so_key(hash), std::forward<K>(key), std::forward<Args>(args)...);
     } catch (...) {
       pool_.deallocate(memory);
       throw;
     }
   }
+  // try_emplace() and insert(); K is const Key& or Key.
+  template <class K, class... Args>
+  bool emplace_if_absent(K&& key, Args&&... args) {
+    check_not_in_retried_callback();
+    const std::uint64_t hash = hash_(std::as_const(key));
+    bool inserted;
+    {
+      auto guard = pin_reader();
+      detail::list_node* start;
+      if (lookup_in_bucket(hash, std::as_const(key), start) != nullptr) return false;
+      node* fresh = make_node(hash, std::forward<K>(key), std::forward<Args>(args)...);
+      // The element's own key from here on: the caller's may have been moved into it.
+      inserted = discard_on_throw(fresh, [&] { return link_new(start, fresh, fresh->key); });
+      if (!inserted) {
+        // Never published, so still ours alone: give the caller its key back.
+        if constexpr (!std::is_reference_v<K> && std::is_move_assignable_v<Key>) {
+          key = std::move(fresh->key);
+        }
+        discard(fresh);
+      }
+    }
+    if (inserted) list_.count(+1);
+    return inserted;
+  }
+  // insert_or_assign(); K is const Key& or Key.
+  template <class K>
+  bool store(K&& key, Value&& value) {
+    check_not_in_retried_callback();
+    const std::uint64_t hash = hash_(std::as_const(key));
+    bool inserted;
+    {
+      auto guard = pin_reader();
+      node* fresh = make_node(hash, std::forward<K>(key), std::move(value));
+      // The element's own key: the caller's may have been moved into it. It stays readable
+      // after fresh is published, for this read section keeps fresh from reclamation.
+      inserted = discard_on_throw(fresh, [&] {
+        return upsert(list_.bucket_of(hash), fresh, fresh->key, /*may_insert=*/true);
+      }) == upsert_result::inserted;
+    }
+    if (inserted) list_.count(+1);
+    return inserted;
+  }
+
   // A node that was never published.
   void discard(node* n) noexcept {
     n->~node();
