@@ -65,6 +65,19 @@ TEST(HashMapMisuse, DestroyingAMapWhileAPinnedViewOfItIsAliveAbortsNamingTheMap)
       "destroyed while 1 operation\\(s\\) or pinned view\\(s\\) on it are still in flight");
 }
 
+TEST(HashMapMisuse, DestroyingAMapInsideAReadSectionAbortsNamingTheMap) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        u64_map other;
+        auto* map = new u64_map();
+        map->insert(1, 10);
+        auto view = other.pin();  // another map's view: this map counts nothing in flight
+        delete map;
+      },
+      "grace::hash_map at 0x[0-9a-f]+ destroyed inside a read section");
+}
+
 TEST(HashMapMisuse, AMapWhoseUsersAllFinishedIsDestroyedWithoutComplaint) {
   auto* map = new u64_map();
   std::thread user([&] {

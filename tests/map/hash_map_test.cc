@@ -477,6 +477,79 @@ TEST(HashMap, ForEachRunsInsideOneReadSection) {
   EXPECT_FALSE(grace::in_read_section());
 }
 
+TEST(HashMap, ForEachStopsWhenItsFunctionReturnsFalse) {
+  u64_map map;
+  for (std::uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(map.insert(k, k));
+  int calls = 0;
+  map.for_each([&](std::uint64_t, std::uint64_t) { return ++calls < 10; });
+  EXPECT_EQ(calls, 10);
+  calls = 0;
+  map.for_each([&](std::uint64_t, std::uint64_t) { ++calls; });  // void: every element
+  EXPECT_EQ(calls, 100);
+}
+
+TEST(HashMap, InsertOrUpdateCountsEveryCallExactlyOnceAcrossThreads) {
+  constexpr std::uint64_t kKeys = 64;
+  const std::size_t calls = gt::iterations(20'000);
+  u64_map map;
+  gt::run_threads(2, [&](unsigned t) {
+    for (std::size_t i = 0; i < calls; ++i) {
+      const std::uint64_t key = (i * 7 + t) % kKeys;
+      map.insert_or_update(key, 1, [](std::uint64_t n) { return n + 1; });
+      // An erase now and then makes the key absent again, so inserts race with updates.
+      if (i % 97 == 0 && t == 0) {
+        if (auto taken = map.extract(key)) map.insert_or_update(key, *taken, [&](std::uint64_t n) {
+          return n + *taken;
+        });
+      }
+    }
+  });
+  std::uint64_t total = 0;
+  map.for_each([&](std::uint64_t, std::uint64_t count) { total += count; });
+  EXPECT_EQ(total, 2 * calls);
+  EXPECT_TRUE(map.insert_or_update(kKeys + 1, 5, [](std::uint64_t n) { return n + 1; }));
+  EXPECT_FALSE(map.insert_or_update(kKeys + 1, 5, [](std::uint64_t n) { return n + 1; }));
+  EXPECT_EQ(map.find(kKeys + 1), 6u);
+}
+
+TEST(HashMap, ExtractErasesTheKeyAndReturnsItsValue) {
+  grace::hash_map<std::string, std::string> map;
+  ASSERT_TRUE(map.insert("a", "alpha"));
+  ASSERT_TRUE(map.insert("b", "beta"));
+  EXPECT_EQ(map.extract("a"), "alpha");
+  EXPECT_EQ(map.extract("a"), std::nullopt);
+  EXPECT_FALSE(map.contains("a"));
+  EXPECT_EQ(map.size(), 1u);
+  EXPECT_EQ(map.find("b"), "beta");
+}
+
+// Two threads extract the same keys while a third replaces their values: each key is
+// extracted exactly once, with a value it really had.
+TEST(HashMap, ConcurrentExtractsTakeEachKeyOnceWithAValueItHad) {
+  constexpr std::uint64_t kKeys = 20'000;
+  u64_map map;
+  for (std::uint64_t k = 0; k < kKeys; ++k) ASSERT_TRUE(map.insert(k, k * 10));
+  std::array<std::vector<std::pair<std::uint64_t, std::uint64_t>>, 2> taken;
+  gt::run_threads(3, [&](unsigned t) {
+    if (t == 2) {
+      for (std::uint64_t k = 0; k < kKeys; ++k) map.assign(k, k * 10 + 1);
+      return;
+    }
+    for (std::uint64_t k = 0; k < kKeys; ++k) {
+      if (auto value = map.extract(k)) taken[t].emplace_back(k, *value);
+    }
+  });
+  std::vector<int> times(kKeys, 0);
+  for (const auto& list : taken) {
+    for (const auto& [key, value] : list) {
+      ++times[key];
+      EXPECT_TRUE(value == key * 10 || value == key * 10 + 1) << key << " -> " << value;
+    }
+  }
+  EXPECT_EQ(std::count(times.begin(), times.end(), 1), static_cast<long>(kKeys));
+  EXPECT_TRUE(map.empty());
+}
+
 TEST(HashMap, ClearErasesEverythingAndLeavesTheMapUsable) {
   u64_map map;
   map.clear();

@@ -19,6 +19,8 @@
 //   - No iterators: for_each() visits every element present for the whole iteration
 //     exactly once, even across concurrent resizes.
 //   - size() is exact only when no update is in flight.
+//   - Neither copyable nor movable (readers hold pointers into it): keep it where it is
+//     built, or behind a std::unique_ptr.
 //   - An erased or replaced element's ~Key and ~Value run after a grace period, on the
 //     domain's reclaim worker thread, not inside erase(), assign() or insert_or_assign().
 //   - Updates take no lock, but one may wait for a grace period: the update that leaves its
@@ -190,6 +192,7 @@ class hash_map {
   // the caller holds no read_guard.
   ~hash_map() {
     check_unused();
+    check_not_in_read_section();
     release_all(/*destroying=*/true);
   }
 
@@ -325,6 +328,20 @@ class hash_map {
     }
   }
 
+  // Replaces the value with f(old) if the key is present, else inserts `value` (a counter's
+  // "++counts[key]": insert_or_update(key, 1, [](auto n) { return n + 1; })); true if
+  // inserted. Each attempt is one update() or one insert, retried while a racing update of
+  // the key turns presence around; f is as in update().
+  template <class F>
+  bool insert_or_update(const Key& key, const Value& value, F&& f)
+    requires std::copy_constructible<Key> && std::copy_constructible<Value>
+  {
+    for (;;) {
+      if (update(key, f)) return false;
+      if (try_emplace(key, value)) return true;
+    }
+  }
+
   bool erase(const Key& key) { return erase<Key>(key); }
   template <class K>
     requires lookup_key<K>
@@ -364,6 +381,26 @@ class hash_map {
     return erased;
   }
 
+  // Erases the key and returns the value it had when erased; nullopt if absent.
+  std::optional<Value> extract(const Key& key)
+    requires std::copy_constructible<Value>
+  {
+    return extract<Key>(key);
+  }
+  template <class K>
+    requires lookup_key<K> && std::copy_constructible<Value>
+  std::optional<Value> extract(const K& key) {
+    std::optional<Value> taken;
+    // The predicate runs once per attempt; the copy of the attempt that erases is kept.
+    if (!erase_if(key, [&](const Value& value) {
+          taken.emplace(value);
+          return true;
+        })) {
+      return std::nullopt;
+    }
+    return taken;
+  }
+
   // --- whole map ------------------------------------------------------------------------------
 
   // Exact when no update is in flight.
@@ -395,7 +432,8 @@ class hash_map {
 
   // Calls f(const Key&, const Value&) for every element, in no particular order, inside one
   // read section: every element present for the whole call is visited exactly once, even
-  // across concurrent resizes; elements inserted or erased meanwhile may or may not be.
+  // across concurrent resizes; elements inserted or erased meanwhile may or may not be. An f
+  // that returns bool stops the walk by returning false.
   template <class F>
   void for_each(F&& f) const {
     auto guard = pin_reader();
@@ -411,7 +449,13 @@ class hash_map {
       if (last != nullptr && last->so_key == element->so_key && equal_(last->key, element->key)) {
         continue;
       }
-      f(static_cast<const Key&>(element->key), static_cast<const Value&>(element->value));
+      if constexpr (std::is_same_v<std::invoke_result_t<F&, const Key&, const Value&>, bool>) {
+        if (!f(static_cast<const Key&>(element->key), static_cast<const Value&>(element->value))) {
+          return;
+        }
+      } else {
+        f(static_cast<const Key&>(element->key), static_cast<const Value&>(element->value));
+      }
       last = element;
     }
   }
@@ -470,6 +514,18 @@ class hash_map {
 #endif
   }
 
+  // The destructor waits for grace periods, which would wait for the caller's own section.
+  void check_not_in_read_section() const noexcept {
+    if (in_read_section()) {
+      std::fprintf(stderr,
+                   "grace::hash_map at %p destroyed inside a read section (a grace::pin() guard, "
+                   "a pinned view or a callback of some map): its destructor waits for grace "
+                   "periods, which would wait for that section. Destroy it after the section "
+                   "ends.\n",
+                   static_cast<const void*>(this));
+      std::abort();
+    }
+  }
   void check_unused() const noexcept {
 #if GRACE_CHECK_MISUSE
     // Relaxed: see operation_scope.
