@@ -378,26 +378,27 @@ void split_list::schedule_next_look(std::uint64_t distance) noexcept {
 void split_list::reserve(std::size_t elements) {
   const unsigned target =
       log2_for_buckets(static_cast<double>(elements) / config_.grow_load_factor);
-  // Relaxed: a floor the resizer reads; a shrink racing with this call may still run once.
-  std::size_t replaced = reserved_elements_.load(std::memory_order_relaxed);
-  bool raised = false;
-  while (replaced < elements && !raised) {
-    // Relaxed: as above.
-    raised = reserved_elements_.compare_exchange_weak(replaced, elements,
-                                                      std::memory_order_relaxed);
+  if (!wait_for_turn() || !begin_turn_work()) {
+    // Inside a read section, behind another resizer or a rollback: the table grows later,
+    // and the reservation holds it from shrinking meanwhile.
+    raise_reservation(elements);
+    return;
   }
-  if (!wait_for_turn()) return;    // inside a read section, behind another resizer
-  if (!begin_turn_work()) return;  // inside a read section: grow later
   const bool grown = grow_to(target);
-  if (!grown && raised) {
-    // A reservation the table could not grow to must not keep what it did grow from
-    // shrinking again. Relaxed: as above; a larger reservation made since stays.
-    std::size_t ours = elements;
-    reserved_elements_.compare_exchange_strong(ours, replaced, std::memory_order_relaxed);
-  }
+  // Only a table that did grow is reserved: a reservation left by a failed grow would keep
+  // the levels it built from ever shrinking. Holding the turn, no shrink runs before this.
+  if (grown) raise_reservation(elements);
   // Looks that came due meanwhile found the turn taken: the next one is ours to set.
   end_turn(size());
   if (!grown) throw std::bad_alloc();
+}
+
+void split_list::raise_reservation(std::size_t elements) noexcept {
+  // Relaxed: a floor the resizer reads (see reserved_elements_).
+  std::size_t reserved = reserved_elements_.load(std::memory_order_relaxed);
+  while (reserved < elements &&
+         !reserved_elements_.compare_exchange_weak(reserved, elements, std::memory_order_relaxed)) {
+  }
 }
 
 unsigned split_list::floor_log2() const noexcept {

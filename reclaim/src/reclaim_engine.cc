@@ -52,11 +52,12 @@ void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) noexcept {
   }
 }
 
-// Names the calling engine thread (top -H, gdb, perf) and raises its nice value to `nice`
-// if that is above the one it inherited. On Linux, PRIO_PROCESS with who = 0 is the calling
-// thread alone.
+// Names the calling engine thread (top -H, gdb, perf) and, for a `nice` above 0, raises its
+// nice value to `nice` if that is above the one it inherited; 0 keeps the inherited one,
+// which may be below 0. On Linux, PRIO_PROCESS with who = 0 is the calling thread alone.
 void set_up_engine_thread(const char* name, int nice) noexcept {
   ::pthread_setname_np(::pthread_self(), name);  // at most 15 characters; cannot fail then
+  if (nice <= 0) return;
   errno = 0;
   const int inherited = ::getpriority(PRIO_PROCESS, 0);
   if (errno != 0 || nice <= inherited) return;

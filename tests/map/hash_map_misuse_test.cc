@@ -136,6 +136,25 @@ TEST(HashMapMisuse, UpdatingTheMapFromInsideUpdatesCallbackThrowsAndChangesNothi
   EXPECT_TRUE(map.insert(3, 30));
 }
 
+TEST(HashMapMisuse, UpdatingTheMapFromAnotherMapsCallbackInsideItsOwnThrows) {
+  u64_map a;
+  u64_map b;
+  ASSERT_TRUE(a.insert(1, 10));
+  ASSERT_TRUE(b.insert(1, 100));
+  // a's f runs b's f, which replaces a's key 1: unchecked, a's update would retry for ever.
+  EXPECT_THROW(a.update(1,
+                        [&](std::uint64_t v) {
+                          b.update(1, [&](std::uint64_t w) {
+                            a.assign(1, 0);
+                            return w + 1;
+                          });
+                          return v + 1;
+                        }),
+               std::logic_error);
+  EXPECT_EQ(a.find(1), 10u);
+  EXPECT_EQ(b.find(1), 100u);
+}
+
 TEST(HashMapMisuse, UpdatingTheMapFromInsideErasePredicateThrowsAndChangesNothing) {
   u64_map map;
   ASSERT_TRUE(map.insert(1, 10));

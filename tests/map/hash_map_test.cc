@@ -727,12 +727,10 @@ static_assert(!erases_by<plain_string_map, std::string_view>);
 static_assert(finds_by<plain_string_map, const char*>);  // converts to a Key
 
 // A key that counts how many times one is built, and a transparent hash and equality that
-// also take its id alone. No key can be built from an id alone (the tag), so debug builds'
-// check of a transparent hash, which builds a Key from a lookup key it can, skips it too.
+// also take its id alone.
 struct counted_key {
   static inline std::atomic<int> built{0};
-  struct from_id {};
-  counted_key(from_id, std::uint64_t key_id) : id(key_id) { built.fetch_add(1); }
+  explicit counted_key(std::uint64_t key_id) : id(key_id) { built.fetch_add(1); }
   counted_key(const counted_key& other) : id(other.id) { built.fetch_add(1); }
   counted_key& operator=(const counted_key&) = delete;
   std::uint64_t id;
@@ -756,7 +754,7 @@ struct id_equal {
 
 TEST(HashMap, ReadsAndErasesByATransparentKeyBuildNoKey) {
   grace::hash_map<counted_key, std::uint64_t, id_hash, id_equal> map;
-  for (std::uint64_t id = 0; id < 200; ++id) ASSERT_TRUE(map.insert(counted_key({}, id), id * 3));
+  for (std::uint64_t id = 0; id < 200; ++id) ASSERT_TRUE(map.insert(counted_key(id), id * 3));
   const int built = counted_key::built.load();
   for (std::uint64_t id = 0; id < 400; ++id) {
     const bool present = id < 200;
@@ -835,6 +833,43 @@ TEST(HashMap, MoveOnlyKeysAreMovedInAndFoundByTheirTransparentId) {
   EXPECT_EQ(present.id, 5u) << "a key that was not inserted is the caller's still";
   EXPECT_TRUE(map.erase(std::uint64_t{5}));
   EXPECT_FALSE(map.contains(std::uint64_t{5}));
+}
+
+// Transparent hashing and equality of std::unique_ptr<int> keys by their raw pointer.
+const int* raw_of(const int* p) { return p; }
+const int* raw_of(const std::unique_ptr<int>& p) { return p.get(); }
+struct pointer_hash {
+  using is_transparent = void;
+  template <class P>
+  std::size_t operator()(const P& p) const {
+    return absl::Hash<const int*>{}(raw_of(p));
+  }
+};
+struct pointer_equal {
+  using is_transparent = void;
+  template <class A, class B>
+  bool operator()(const A& a, const B& b) const {
+    return raw_of(a) == raw_of(b);
+  }
+};
+
+// A std::unique_ptr can be built from a raw pointer (explicitly), and would then own it: no
+// lookup, checked or not, may build one.
+TEST(HashMap, UniquePtrKeysAreFoundByTheirRawPointerWithoutTakingOwnership) {
+  grace::hash_map<std::unique_ptr<int>, int, pointer_hash, pointer_equal> map;
+  std::vector<const int*> raw;
+  for (int i = 0; i < 100; ++i) {
+    auto owned = std::make_unique<int>(i);
+    raw.push_back(owned.get());
+    ASSERT_TRUE(map.insert(std::move(owned), i));
+  }
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_TRUE(map.contains(raw[i]));
+    EXPECT_EQ(map.find(raw[i]), i);
+    EXPECT_EQ(*raw[i], i) << "the element's object is intact";
+  }
+  for (int i = 0; i < 100; i += 2) EXPECT_TRUE(map.erase(raw[i]));
+  EXPECT_EQ(map.size(), 50u);
 }
 
 TEST(HashMap, MoveOnlyValuesAreStoredAndReadInPlace) {
@@ -2087,6 +2122,44 @@ TEST(HashMap, AThrowingKeyEqualReachesTheCallerAndLeavesTheMapConsistent) {
 
 TEST(HashMap, AThrowingValueCopyReachesTheCallerAndLeavesTheMapConsistent) {
   check_throwing<copy_error>(g_copy_countdown);
+}
+
+// Every key in one bucket, and a KeyEqual whose n-th call throws.
+struct one_bucket_hash {
+  std::size_t operator()(const std::string&) const { return 7; }
+};
+struct countdown_string_equal {
+  bool operator()(const std::string& a, const std::string& b) const {
+    if (g_equal_countdown.fire()) throw equal_error();
+    return a == b;
+  }
+};
+
+// try_emplace compares the key with the one present first (before the key moves into the
+// element), then again while linking the element (after): whichever call throws, the caller
+// keeps its key.
+TEST(HashMap, AnRvalueKeyIsGivenBackWhenKeyEqualThrowsWhileTheElementIsLinked) {
+  grace::hash_map<std::string, int, one_bucket_hash, countdown_string_equal> map;
+  const std::string present(100, 'a');
+  const std::string absent(100, 'b');
+  ASSERT_TRUE(map.insert(present, 1));
+  for (long call = 1; call <= 3; ++call) {
+    std::string key = absent;
+    g_equal_countdown.arm(call);
+    bool inserted = false;
+    try {
+      inserted = map.try_emplace(std::move(key), 2);
+    } catch (const equal_error&) {
+      EXPECT_EQ(key, absent) << "KeyEqual threw at call " << call;
+    }
+    g_equal_countdown.disarm();
+    if (inserted) {
+      ASSERT_TRUE(map.erase(absent));
+    } else {
+      EXPECT_FALSE(map.contains(absent));
+    }
+    EXPECT_EQ(map.size(), 1u);
+  }
 }
 
 TEST(HashMap, AnExceptionFromAUserFunctionEndsTheReadSection) {

@@ -58,6 +58,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -111,9 +112,21 @@ struct hash_map_stats {
 
 namespace detail {
 hash_map_config validate_hash_map_options(const hash_map_options& options);
+
+// True when Key is a std::basic_string and K converts to its std::basic_string_view.
+template <class Key, class K>
+inline constexpr bool views_string_v = false;
+template <class Char, class Traits, class Allocator, class K>
+inline constexpr bool views_string_v<std::basic_string<Char, Traits, Allocator>, K> =
+    std::is_convertible_v<const K&, std::basic_string_view<Char, Traits>>;
 #if GRACE_CHECK_MISUSE
-// The map whose update() f or erase_if() pred this thread is running, or nullptr.
-inline thread_local const void* retried_callback_map = nullptr;
+// The maps whose update() f or erase_if() pred this thread is running, innermost first: a
+// stack of frames on the callers' stacks.
+struct retried_callback_frame {
+  const void* map;
+  const retried_callback_frame* outer;
+};
+inline thread_local const retried_callback_frame* retried_callbacks = nullptr;
 #endif
 }  // namespace detail
 
@@ -273,7 +286,9 @@ class hash_map {
   // Inserts if absent (BPF_NOEXIST). The value is built only when the key is absent at the
   // time of the check; a racing insert of the same key makes it go back to the pool unused.
   // A key passed as an rvalue is moved into the element, and moved back if the element is
-  // not inserted (where Key is move-assignable).
+  // not inserted (where Key is move-assignable): the key was present, a racing insert won,
+  // or Hash or KeyEqual threw. Only an exception from Value's constructor, which runs after
+  // the key moved in, leaves it moved from.
   bool insert(const Key& key, Value value) { return try_emplace(key, std::move(value)); }
   bool insert(Key&& key, Value value) { return try_emplace(std::move(key), std::move(value)); }
   template <class... Args>
@@ -490,22 +505,27 @@ class hash_map {
   operation_scope pin_reader() const noexcept { return operation_scope(*this); }
 
   // update()'s f and erase_if()'s pred run again whenever another update of their key wins;
-  // one that updates the map itself would make its caller lose for ever. GRACE_CHECK_MISUSE
-  // builds mark the thread while they run, and every update checks the mark.
+  // one that updates the map itself, directly or through other maps' callbacks, would make
+  // its caller lose for ever. GRACE_CHECK_MISUSE builds keep a stack of the maps whose such
+  // callbacks the thread is running, and every update looks for its own map in it.
   template <class F, class... Args>
   decltype(auto) run_retried_callback(F& f, Args&&... args) const {
 #if GRACE_CHECK_MISUSE
-    struct restore_mark {
-      const void* saved = detail::retried_callback_map;
-      ~restore_mark() { detail::retried_callback_map = saved; }
-    } restore;
-    detail::retried_callback_map = this;
+    struct push_frame {
+      detail::retried_callback_frame frame;
+      explicit push_frame(const void* map) : frame{map, detail::retried_callbacks} {
+        detail::retried_callbacks = &frame;
+      }
+      ~push_frame() { detail::retried_callbacks = frame.outer; }
+    } pushed(this);
 #endif
     return f(std::forward<Args>(args)...);
   }
   void check_not_in_retried_callback() const {
 #if GRACE_CHECK_MISUSE
-    if (detail::retried_callback_map == this) {
+    for (const detail::retried_callback_frame* frame = detail::retried_callbacks;
+         frame != nullptr; frame = frame->outer) {
+      if (frame->map != this) continue;
       throw std::logic_error(
           "grace::hash_map: the map updated from inside its own update() f or erase_if() "
           "pred, which run again whenever another update of the key wins: the outer call "
@@ -565,17 +585,30 @@ class hash_map {
       if (lookup_in_bucket(hash, std::as_const(key), start) != nullptr) return false;
       node* fresh = make_node(hash, std::forward<K>(key), std::forward<Args>(args)...);
       // The element's own key from here on: the caller's may have been moved into it.
-      inserted = discard_on_throw(fresh, [&] { return link_new(start, fresh, fresh->key); });
-      if (!inserted) {
-        // Never published, so still ours alone: give the caller its key back.
-        if constexpr (!std::is_reference_v<K> && std::is_move_assignable_v<Key>) {
-          key = std::move(fresh->key);
-        }
-        discard(fresh);
+      try {
+        inserted = link_new(start, fresh, fresh->key);
+      } catch (...) {
+        give_back_and_discard<K>(key, fresh);  // link_new publishes nothing before it throws
+        throw;
       }
+      if (!inserted) give_back_and_discard<K>(key, fresh);
     }
     if (inserted) list_.count(+1);
     return inserted;
+  }
+  // An element that was never published is still ours alone: the caller gets back the key
+  // it moved in (K is emplace_if_absent's: Key for an rvalue), and the element goes back to
+  // the pool even if that move throws.
+  template <class K>
+  void give_back_and_discard(std::remove_reference_t<K>& key, node* fresh) {
+    struct discard_on_exit {
+      hash_map& map;
+      node* element;
+      ~discard_on_exit() { map.discard(element); }
+    } discard_later{*this, fresh};
+    if constexpr (!std::is_reference_v<K> && std::is_move_assignable_v<Key>) {
+      key = std::move(fresh->key);
+    }
   }
   // insert_or_assign(); K is const Key& or Key.
   template <class K>
@@ -636,14 +669,17 @@ class hash_map {
     detail::list_node* start;
     return lookup_in_bucket(hash_of(key), key, start);
   }
-  // The hash of a key. With GRACE_CHECK_MISUSE, a K other than Key that a Key can be built
-  // from (std::string from std::string_view, too, though that conversion is explicit) must
-  // hash like that Key: otherwise std::logic_error. The check builds a Key.
+  // The hash of a key. With GRACE_CHECK_MISUSE, a K other than Key that converts to one
+  // implicitly, or a string view for a string Key (an explicit conversion, but the one
+  // heterogeneous lookup exists for), must hash like that Key: otherwise std::logic_error.
+  // The check builds the Key. Other explicit conversions are left alone: one may take
+  // ownership (std::unique_ptr from a raw pointer) or cost much (std::vector from a size).
   template <class K>
   std::uint64_t hash_of(const K& key) const {
     const std::uint64_t hash = hash_(key);
 #if GRACE_CHECK_MISUSE
-    if constexpr (!std::is_same_v<K, Key> && std::is_constructible_v<Key, const K&>) {
+    if constexpr (!std::is_same_v<K, Key> &&
+                  (std::is_convertible_v<const K&, Key> || detail::views_string_v<Key, K>)) {
       if (hash != static_cast<std::uint64_t>(hash_(Key(key)))) {
         throw std::logic_error(
             "grace::hash_map: the transparent Hash gives a lookup key another hash than the Key "

@@ -97,8 +97,8 @@ struct domain_options {
   // worker. 19 makes freeing background work that grace periods never wait behind; the price
   // is a larger backlog under a flood, up to the hard limits (reclaim/README.md, "Freeing as
   // background work"). The worker starts at the nice value of the thread that creates the
-  // domain (after fork(), of the forking thread) and is raised to this if it is higher, never
-  // lowered: that needs CAP_SYS_NICE.
+  // domain (after fork(), of the forking thread); 0 keeps that one, whatever it is, and a
+  // higher value raises it to this if it is lower. Never lowered: that needs CAP_SYS_NICE.
   int worker_nice = 0;
   // Where retire blocks come from; failing allocations take the emergency path.
   system_allocator allocator{};

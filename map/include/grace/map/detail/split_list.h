@@ -290,6 +290,7 @@ class split_list {
   bool roll_back_abandoned_level() noexcept;
   bool grow_to(unsigned size_log2) noexcept;
   unsigned floor_log2() const noexcept;  // the smallest size a shrink may reach
+  void raise_reservation(std::size_t elements) noexcept;  // reserved_elements_ = max(it, n)
   // log2 of the smallest power of two of at least `buckets`, at most max_log2_: safe for any
   // value, where converting a double past SIZE_MAX to an integer is undefined.
   unsigned log2_for_buckets(double buckets) const noexcept;
