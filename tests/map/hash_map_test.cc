@@ -512,6 +512,20 @@ TEST(HashMap, InsertOrUpdateCountsEveryCallExactlyOnceAcrossThreads) {
   EXPECT_EQ(map.find(kKeys + 1), 6u);
 }
 
+TEST(HashMap, EraseIfWithAPredicateAloneErasesEveryMatchingElementAndCountsThem) {
+  u64_map map;
+  for (std::uint64_t k = 0; k < 1000; ++k) ASSERT_TRUE(map.insert(k, k * 2));
+  EXPECT_EQ(map.erase_if([](std::uint64_t key, std::uint64_t value) {
+    return key % 3 == 0 && value == key * 2;
+  }),
+            334u);
+  EXPECT_EQ(map.size(), 666u);
+  for (std::uint64_t k = 0; k < 1000; ++k) EXPECT_EQ(map.contains(k), k % 3 != 0) << k;
+  EXPECT_EQ(map.erase_if([](std::uint64_t, std::uint64_t) { return false; }), 0u);
+  EXPECT_EQ(map.erase_if([](std::uint64_t, std::uint64_t) { return true; }), 666u);
+  EXPECT_TRUE(map.empty());
+}
+
 TEST(HashMap, ExtractErasesTheKeyAndReturnsItsValue) {
   grace::hash_map<std::string, std::string> map;
   ASSERT_TRUE(map.insert("a", "alpha"));
@@ -910,6 +924,21 @@ TEST(HashMap, AnRvalueKeyThatLosesTheInsertRaceIsGivenBack) {
     EXPECT_EQ(keys[loser], long_key) << "round " << round;
     EXPECT_EQ(map.size(), 1u);
   }
+}
+
+TEST(HashMap, StandardAccessorsDescribeTheTableAndItsFunctions) {
+  grace::hash_map_options options = resize_options(16, 1 << 12);
+  options.grow_load_factor = 2.0;
+  options.shrink_load_factor = 0.25;
+  transparent_string_map map(options);
+  for (int i = 0; i < 24; ++i) ASSERT_TRUE(map.insert("key" + std::to_string(i), i));
+  EXPECT_EQ(map.count("key3"), 1u);
+  EXPECT_EQ(map.count(std::string_view("absent")), 0u);
+  EXPECT_EQ(map.bucket_count(), 16u);
+  EXPECT_FLOAT_EQ(map.load_factor(), 24.0f / 16.0f);
+  EXPECT_FLOAT_EQ(map.max_load_factor(), 2.0f);
+  EXPECT_EQ(map.hash_function()("key3"), string_hash{}(std::string("key3")));
+  EXPECT_TRUE(map.key_eq()(std::string("a"), std::string_view("a")));
 }
 
 TEST(HashMap, StatsReportSizeBucketsAndTheComponentsBelow) {

@@ -240,6 +240,13 @@ class hash_map {
     auto guard = pin_reader();
     return lookup(key) != nullptr;
   }
+  // std::unordered_map's spelling of contains(): 1 or 0.
+  std::size_t count(const Key& key) const { return contains(key) ? 1 : 0; }
+  template <class K>
+    requires lookup_key<K>
+  std::size_t count(const K& key) const {
+    return contains(key) ? 1 : 0;
+  }
   // Calls f(const Value&) inside a read section, without copying; false if absent.
   template <class F>
   bool visit(const Key& key, F&& f) const {
@@ -396,6 +403,23 @@ class hash_map {
     return erased;
   }
 
+  // Erases every element for which pred(key, value) holds, in one walk (std::erase_if for
+  // this map); returns how many it erased. Elements inserted or replaced during the walk
+  // may or may not be looked at; pred runs again, on the new value, for an element replaced
+  // between its check and its erase, and must not update the map. The walk is one read
+  // section: the erased elements wait for a grace period that starts after it.
+  template <class Pred>
+    requires std::is_invocable_r_v<bool, Pred&, const Key&, const Value&>
+  std::size_t erase_if(Pred pred) {
+    check_not_in_retried_callback();
+    std::size_t erased = 0;
+    for_each([&](const Key& key, const Value&) {
+      // The element's own key: it stays readable for the rest of this read section.
+      if (erase_if(key, [&](const Value& current) { return pred(key, current); })) ++erased;
+    });
+    return erased;
+  }
+
   // Erases the key and returns the value it had when erased; nullopt if absent.
   std::optional<Value> extract(const Key& key)
     requires std::copy_constructible<Value>
@@ -421,6 +445,15 @@ class hash_map {
   // Exact when no update is in flight.
   std::size_t size() const noexcept { return list_.size(); }
   bool empty() const noexcept { return size() == 0; }
+  // The table's size now (it grows and shrinks on its own), and size() over it.
+  std::size_t bucket_count() const noexcept { return list_.bucket_count(); }
+  float load_factor() const noexcept {
+    return static_cast<float>(size()) / static_cast<float>(bucket_count());
+  }
+  // The load factor above which the table grows (hash_map_options::grow_load_factor).
+  float max_load_factor() const noexcept { return static_cast<float>(config_.grow_load_factor); }
+  Hash hash_function() const { return hash_; }
+  KeyEqual key_eq() const { return equal_; }
   // Grows the table so `n` elements fit under the grow load factor, and never shrinks it
   // below that size again until clear(), so a workload that swings between empty and n
   // elements never resizes (like std::unordered_map::reserve(), whose buckets stay; a
