@@ -1426,12 +1426,15 @@ enum class model_op {
   update,
   erase,
   erase_if,
+  insert_moved_key,
+  insert_or_update,
+  extract,
   kCount
 };
 
 // Operation weights while the population grows (filling) and while it shrinks.
-constexpr int kFillWeights[] = {6, 3, 3, 3, 12, 6, 10, 4, 6, 3, 2};
-constexpr int kDrainWeights[] = {6, 3, 3, 3, 2, 2, 3, 4, 6, 14, 10};
+constexpr int kFillWeights[] = {6, 3, 3, 3, 12, 6, 10, 4, 6, 3, 2, 6, 4, 2};
+constexpr int kDrainWeights[] = {6, 3, 3, 3, 2, 2, 3, 4, 6, 14, 10, 2, 2, 8};
 static_assert(std::size(kFillWeights) == static_cast<std::size_t>(model_op::kCount));
 static_assert(std::size(kDrainWeights) == static_cast<std::size_t>(model_op::kCount));
 
@@ -1602,6 +1605,46 @@ void run_model(std::uint64_t seed, std::size_t ops) {
         counted_change = present && want;
         break;
       }
+      case model_op::insert_moved_key: {
+        key_type moved = key;
+        value_type v = M::value(i, ++salt);
+        ASSERT_EQ(map.insert(std::move(moved), v), !present)
+            << "op " << op << ": insert(std::move(" << i << "))";
+        if (present) {
+          ASSERT_TRUE(moved == key) << "op " << op << ": a key not inserted was not given back";
+        } else {
+          model.emplace(i, std::move(v));
+        }
+        counted_change = !present;
+        break;
+      }
+      case model_op::insert_or_update: {
+        const value_type v = M::value(i, ++salt);
+        int calls = 0;
+        const bool inserted = map.insert_or_update(key, v, [&](const value_type& old) {
+          ++calls;
+          return M::bump(old);
+        });
+        ASSERT_EQ(inserted, !present) << "op " << op << ": insert_or_update(" << i << ")";
+        ASSERT_EQ(calls, present ? 1 : 0) << "op " << op << ": insert_or_update(" << i << ")";
+        if (present) {
+          it->second = M::bump(it->second);
+        } else {
+          model.emplace(i, v);
+        }
+        counted_change = !present;
+        break;
+      }
+      case model_op::extract: {
+        const std::optional<value_type> taken = map.extract(key);
+        ASSERT_EQ(taken.has_value(), present) << "op " << op << ": extract(" << i << ")";
+        if (present) {
+          ASSERT_TRUE(*taken == it->second) << "op " << op << ": extract(" << i << ")";
+          model.erase(it);
+        }
+        counted_change = present;
+        break;
+      }
       case model_op::kCount:
         break;
     }
@@ -1633,6 +1676,14 @@ void run_model(std::uint64_t seed, std::size_t ops) {
       model.clear();
       reserved = 0;
       ASSERT_TRUE(map.empty()) << "op " << op << ": clear()";
+    } else if (rare == 17) {
+      const std::size_t modulus = 2 + rng() % 5;
+      const std::size_t erased = map.erase_if([&](const key_type& k, const value_type&) {
+        return M::index(k) % modulus == 0;
+      });
+      const std::size_t expected =
+          std::erase_if(model, [&](const auto& entry) { return entry.first % modulus == 0; });
+      ASSERT_EQ(erased, expected) << "op " << op << ": erase_if(pred)";
     }
     if (op % 20000 == 19999) {
       check_content(op);
