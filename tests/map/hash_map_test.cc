@@ -751,20 +751,33 @@ struct counted_key {
 };
 std::uint64_t id_of(const counted_key& k) { return k.id; }
 std::uint64_t id_of(std::uint64_t id) { return id; }
-struct id_hash {
+
+// Transparent hashing and equality of keys by what `Projection` maps them to.
+template <class Projection>
+struct projected_hash {
   using is_transparent = void;
   template <class K>
   std::size_t operator()(const K& k) const {
-    return absl::Hash<std::uint64_t>{}(id_of(k));
+    const auto projected = Projection{}(k);
+    return absl::Hash<decltype(projected)>{}(projected);
   }
 };
-struct id_equal {
+template <class Projection>
+struct projected_equal {
   using is_transparent = void;
   template <class A, class B>
   bool operator()(const A& a, const B& b) const {
-    return id_of(a) == id_of(b);
+    return Projection{}(a) == Projection{}(b);
   }
 };
+struct id_projection {
+  template <class K>
+  std::uint64_t operator()(const K& k) const {
+    return id_of(k);
+  }
+};
+using id_hash = projected_hash<id_projection>;
+using id_equal = projected_equal<id_projection>;
 
 TEST(HashMap, ReadsAndErasesByATransparentKeyBuildNoKey) {
   grace::hash_map<counted_key, std::uint64_t, id_hash, id_equal> map;
@@ -852,20 +865,14 @@ TEST(HashMap, MoveOnlyKeysAreMovedInAndFoundByTheirTransparentId) {
 // Transparent hashing and equality of std::unique_ptr<int> keys by their raw pointer.
 const int* raw_of(const int* p) { return p; }
 const int* raw_of(const std::unique_ptr<int>& p) { return p.get(); }
-struct pointer_hash {
-  using is_transparent = void;
+struct raw_pointer_projection {
   template <class P>
-  std::size_t operator()(const P& p) const {
-    return absl::Hash<const int*>{}(raw_of(p));
+  const int* operator()(const P& p) const {
+    return raw_of(p);
   }
 };
-struct pointer_equal {
-  using is_transparent = void;
-  template <class A, class B>
-  bool operator()(const A& a, const B& b) const {
-    return raw_of(a) == raw_of(b);
-  }
-};
+using pointer_hash = projected_hash<raw_pointer_projection>;
+using pointer_equal = projected_equal<raw_pointer_projection>;
 
 // A std::unique_ptr can be built from a raw pointer (explicitly), and would then own it: no
 // lookup, checked or not, may build one.
