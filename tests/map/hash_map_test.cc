@@ -933,6 +933,29 @@ TEST(HashMap, AnRvalueKeyThatLosesTheInsertRaceIsGivenBack) {
   }
 }
 
+// The whole-map erase_if walks while another thread inserts keys it does not match, and
+// grows the table under it: every matching element present for the whole call goes, and
+// nothing else does.
+TEST(HashMap, EraseIfWithAPredicateAloneErasesExactlyTheMatchesWhileTheTableGrows) {
+  const std::uint64_t keys = gt::iterations(20'000);
+  u64_map map(resize_options(16, 1 << 20));
+  for (std::uint64_t k = 0; k < keys; ++k) ASSERT_TRUE(map.insert(k, k));
+  std::size_t erased = 0;
+  gt::run_threads(2, [&](unsigned t) {
+    if (t == 0) {
+      erased = map.erase_if(
+          [&](std::uint64_t key, std::uint64_t value) { return key < keys && value % 2 == 0; });
+    } else {
+      for (std::uint64_t k = keys; k < 4 * keys; ++k) ASSERT_TRUE(map.insert(k, k));
+    }
+  });
+  EXPECT_EQ(erased, (keys + 1) / 2);
+  for (std::uint64_t k = 0; k < 4 * keys; ++k) {
+    ASSERT_EQ(map.contains(k), k >= keys || k % 2 == 1) << k;
+  }
+  EXPECT_GT(map.stats().grows, 0u);
+}
+
 TEST(HashMap, StandardAccessorsDescribeTheTableAndItsFunctions) {
   grace::hash_map_options options = resize_options(16, 1 << 12);
   options.grow_load_factor = 2.0;
