@@ -379,8 +379,8 @@ void split_list::reserve(std::size_t elements) {
   const unsigned target =
       log2_for_buckets(static_cast<double>(elements) / config_.grow_load_factor);
   if (!wait_for_turn() || !begin_turn_work()) {
-    // Inside a read section, behind another resizer or a rollback: the table grows later,
-    // and the reservation holds it from shrinking meanwhile.
+    // Inside a read section, behind another resizer or a rollback: no grow (best effort,
+    // see hash_map::reserve()), but the reservation still keeps the table from shrinking.
     raise_reservation(elements);
     return;
   }
