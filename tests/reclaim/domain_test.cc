@@ -292,11 +292,6 @@ TEST(Domain, OptionsAtTheEdgesOfTheirRangesAreAcceptedAndKept) {
 
 TEST(Domain, TheReclaimWorkerRunsAtTheNiceValueItsOptionsGiveAndTheGpThreadAtTheCreators) {
   // This domain's engine threads: the ones of their name that did not exist before it.
-  auto started_since = [](std::string_view name, const std::map<pid_t, int>& before) {
-    std::map<pid_t, int> started = gt::threads_named(name);
-    std::erase_if(started, [&](const auto& thread) { return before.contains(thread.first); });
-    return started;
-  };
   const std::map<pid_t, int> workers_before = gt::threads_named("grace-reclaim");
   const std::map<pid_t, int> gp_threads_before = gt::threads_named("grace-gp");
   const int creators_nice = gt::thread_nice(gt::this_thread_id());
@@ -307,8 +302,8 @@ TEST(Domain, TheReclaimWorkerRunsAtTheNiceValueItsOptionsGiveAndTheGpThreadAtThe
   // The threads name themselves when they start.
   ASSERT_TRUE(gt::eventually(
       [&] {
-        new_workers = started_since("grace-reclaim", workers_before);
-        new_gp_threads = started_since("grace-gp", gp_threads_before);
+        new_workers = gt::threads_named_since("grace-reclaim", workers_before);
+        new_gp_threads = gt::threads_named_since("grace-gp", gp_threads_before);
         return new_workers.size() == 1 && new_gp_threads.size() == 1 &&
                new_workers.begin()->second == 19;
       },
@@ -342,11 +337,8 @@ TEST(Domain, EngineThreadsKeepTheNiceValueTheyInheritWhenWorkerNiceIsZero) {
     grace::domain d;
     EXPECT_TRUE(gt::eventually(
         [&] {
-          workers = gt::threads_named("grace-reclaim");
-          gp_threads = gt::threads_named("grace-gp");
-          std::erase_if(workers, [&](const auto& t) { return workers_before.contains(t.first); });
-          std::erase_if(gp_threads,
-                        [&](const auto& t) { return gp_threads_before.contains(t.first); });
+          workers = gt::threads_named_since("grace-reclaim", workers_before);
+          gp_threads = gt::threads_named_since("grace-gp", gp_threads_before);
           return workers.size() == 1 && gp_threads.size() == 1;
         },
         kNoDeadlock));

@@ -279,6 +279,13 @@ std::map<pid_t, int> threads_named(std::string_view name) {
   return found;
 }
 
+std::map<pid_t, int> threads_named_since(std::string_view name,
+                                         const std::map<pid_t, int>& before) {
+  std::map<pid_t, int> started = threads_named(name);
+  std::erase_if(started, [&](const auto& thread) { return before.contains(thread.first); });
+  return started;
+}
+
 int wait_for_child(pid_t pid) noexcept {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {

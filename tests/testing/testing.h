@@ -288,6 +288,10 @@ pid_t this_thread_id() noexcept;
 int thread_nice(pid_t tid);
 // Every thread of this process named `name` (pthread_setname_np), with its nice value.
 std::map<pid_t, int> threads_named(std::string_view name);
+// The same, without the threads in `before` (an earlier threads_named()): the ones started
+// since.
+std::map<pid_t, int> threads_named_since(std::string_view name,
+                                         const std::map<pid_t, int>& before);
 
 // ---------------------------------------------------------------------------------------------
 // fork().
