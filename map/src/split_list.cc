@@ -410,8 +410,9 @@ unsigned split_list::floor_log2() const noexcept {
 }
 
 unsigned split_list::log2_for_buckets(double buckets) const noexcept {
-  if (!(std::ceil(buckets) < std::ldexp(1.0, static_cast<int>(max_log2_)))) return max_log2_;
-  return log2_ceil(static_cast<std::size_t>(std::ceil(buckets)));
+  const double wanted = std::ceil(buckets);
+  if (!(wanted < std::ldexp(1.0, static_cast<int>(max_log2_)))) return max_log2_;
+  return log2_ceil(static_cast<std::size_t>(wanted));
 }
 
 void split_list::unlink_slow(list_node* start, list_node* node) noexcept {

@@ -69,14 +69,16 @@ struct constant_hash {
   std::size_t operator()(std::uint64_t) const noexcept { return 42; }
 };
 
-// The map with small, power-of-two resize bounds used by the resize tests.
-grace::hash_map_options resize_options(std::size_t min_buckets, std::size_t max_buckets) {
+// The map with small, power-of-two resize bounds used by the resize tests; it shrinks below
+// an eighth of the grow load factor.
+grace::hash_map_options resize_options(std::size_t min_buckets, std::size_t max_buckets,
+                                       double grow_load_factor = 1.0) {
   grace::hash_map_options options;
   options.initial_buckets = min_buckets;
   options.min_buckets = min_buckets;
   options.max_buckets = max_buckets;
-  options.grow_load_factor = 1.0;
-  options.shrink_load_factor = 0.125;
+  options.grow_load_factor = grow_load_factor;
+  options.shrink_load_factor = grow_load_factor / 8;
   return options;
 }
 
@@ -957,9 +959,7 @@ TEST(HashMap, EraseIfWithAPredicateAloneErasesExactlyTheMatchesWhileTheTableGrow
 }
 
 TEST(HashMap, StandardAccessorsDescribeTheTableAndItsFunctions) {
-  grace::hash_map_options options = resize_options(16, 1 << 12);
-  options.grow_load_factor = 2.0;
-  options.shrink_load_factor = 0.25;
+  const grace::hash_map_options options = resize_options(16, 1 << 12, 2.0);
   transparent_string_map map(options);
   for (int i = 0; i < 24; ++i) ASSERT_TRUE(map.insert("key" + std::to_string(i), i));
   EXPECT_EQ(map.count("key3"), 1u);
@@ -1121,9 +1121,7 @@ TEST(HashMap, InitialBucketsAreRoundedUpToAPowerOfTwoAndClampedToMinAndMax) {
 }
 
 TEST(HashMap, TableGrowsSoTheLoadFactorStaysAtOrBelowTheGrowLoadFactor) {
-  grace::hash_map_options options = resize_options(1, 256);
-  options.grow_load_factor = 2.0;
-  options.shrink_load_factor = 0.25;
+  const grace::hash_map_options options = resize_options(1, 256, 2.0);
   u64_map map(options);
   std::uint64_t last_grows = 0;
   for (std::uint64_t k = 0; k < 512; ++k) {
@@ -1279,9 +1277,7 @@ TEST(HashMap, ClearShrinksTheTableBackToMinBuckets) {
 }
 
 TEST(HashMap, ReserveGrowsTheTableSoNElementsFitUnderTheGrowLoadFactor) {
-  grace::hash_map_options options = resize_options(4, 1 << 16);
-  options.grow_load_factor = 2.0;
-  options.shrink_load_factor = 0.25;
+  const grace::hash_map_options options = resize_options(4, 1 << 16, 2.0);
   u64_map map(options);
   map.reserve(1000);
   EXPECT_GE(static_cast<double>(map.stats().buckets) * 2.0, 1000.0);

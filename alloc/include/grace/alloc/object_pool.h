@@ -17,9 +17,9 @@
 //
 // Memory: per-CPU caches refill below the low watermark and give surplus above the high one
 // (beyond a grace period's worth, for a cache that allocates) to a shared depot other CPUs
-// draw from, or back to its chunks; an idle cache is trimmed to between the two. Objects come from
-// 64 KiB chunks: a refill takes the free slots of chunks already held before it cuts a new
-// one, and a chunk returns to the system once all its slots are free.
+// draw from, or back to its chunks; an idle cache is trimmed to between the two. Objects
+// come from 64 KiB chunks: a refill takes the free slots of chunks already held before it
+// cuts a new one, and a chunk returns to the system once all its slots are free.
 // Objects waiting for a grace period are bounded by asking the domain for a grace period
 // (domain::request_gp()) and, past caller_gp_threshold, by the deallocating thread running
 // one itself at its next quiescent point (never inside a read section).

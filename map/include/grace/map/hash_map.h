@@ -241,7 +241,7 @@ class hash_map {
     return lookup(key) != nullptr;
   }
   // std::unordered_map's spelling of contains(): 1 or 0.
-  std::size_t count(const Key& key) const { return contains(key) ? 1 : 0; }
+  std::size_t count(const Key& key) const { return count<Key>(key); }
   template <class K>
     requires lookup_key<K>
   std::size_t count(const K& key) const {
