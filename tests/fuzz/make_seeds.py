@@ -12,11 +12,18 @@ import pathlib
 HERE = pathlib.Path(__file__).resolve().parent
 
 MODEL_OPS = ["find", "contains", "visit", "pin", "insert", "try_emplace", "insert_or_assign",
-             "assign", "update", "erase", "erase_if", "for_each", "reserve", "clear", "size",
-             "insert_range", "erase_range"]
+             "assign", "update", "insert_or_update", "erase", "extract", "erase_if", "for_each",
+             "reserve", "clear", "size", "insert_range", "erase_range"]
 THREAD_OPS = ["find", "contains", "visit", "pin", "insert", "try_emplace", "insert_or_assign",
-              "assign", "update", "erase", "erase_if", "for_each", "reserve", "clear",
-              "insert_range", "erase_range"]
+              "assign", "update", "insert_or_update", "erase", "extract", "erase_if", "for_each",
+              "reserve", "clear", "bucket_count", "insert_range", "erase_range"]
+# Arguments the ops read (see each target's file comment): bit 0 of insert, try_emplace and
+# insert_or_assign moves the key in, bit 0 of contains asks count(), erase_if from
+# WHOLE_MAP_ARG up runs over the whole map (map_fuzzing.h's kWholeMapArg), for_each n > 0
+# stops at the n-th element.
+MOVED = 1
+COUNT = 1
+WHOLE_MAP_ARG = 10
 HASHES = ["mixed", "identity", "mod5", "high_bits", "constant", "halves"]
 GROW = [1.0, 0.5, 2.0, 4.0]
 MAX_BUCKETS = [256, 4, 32, 4096]
@@ -73,7 +80,7 @@ def model_seeds():
     seeds["strings_mod5"] = bytes([variant("mod5", strings=True), options(0.5, 4096)]) + mix
     # Population swings: ranges through every size, at each load factor.
     swing = b""
-    for arg in (14, 3, 14, 7):
+    for arg in (12, 3, 12, 7):
         swing += model_op("insert_range", 0, arg) + model_op("size")
         swing += model_op("erase_range", 8, arg) + model_op("for_each")
     for grow in GROW:
@@ -82,15 +89,15 @@ def model_seeds():
     # reserve() then fill, erase, clear and refill: the reservation holds shrinks off until
     # clear().
     seeds["reserve_clear"] = bytes([variant(), options(1.0, 4096, initial16=True)]) + (
-        model_op("reserve", 64) + model_op("insert_range", 0, 14) + model_op("erase_range", 0, 14)
+        model_op("reserve", 64) + model_op("insert_range", 0, 12) + model_op("erase_range", 0, 12)
         + model_op("for_each") + model_op("clear") + model_op("insert_range", 10, 7)
         + model_op("reserve", 200, 3) + model_op("clear") + model_op("erase", 3)
-        + model_op("insert_range", 100, 14) + model_op("for_each"))
+        + model_op("insert_range", 100, 12) + model_op("for_each"))
     # A pin held while its element is replaced, erased, the table resized and the map
     # cleared, with a tight pool that reuses elements as soon as a grace period allows.
     pinned = (model_op("insert_range", 0, 3) + model_op("pin", 5, 12) + model_op("update", 5)
-              + model_op("erase", 5) + model_op("insert", 5) + model_op("insert_range", 16, 14)
-              + model_op("erase_range", 0, 14) + model_op("reserve", 100) + model_op("clear")
+              + model_op("erase", 5) + model_op("insert", 5) + model_op("insert_range", 16, 12)
+              + model_op("erase_range", 0, 12) + model_op("reserve", 100) + model_op("clear")
               + model_op("pin", 7) + model_op("insert_or_assign", 5) + model_op("assign", 5)
               + model_op("find", 5) + model_op("for_each") + model_op("insert", 9))
     seeds["pin_across_updates"] = bytes([variant(), options(tight_pool=True)]) + pinned
@@ -99,6 +106,29 @@ def model_seeds():
     churn = b"".join(model_op(op, k) for _ in range(20) for k in range(4)
                      for op in ("insert_or_assign", "update", "assign", "erase", "insert"))
     seeds["churn_tight_pool"] = bytes([variant("high_bits"), options(0.5, 32, tight_pool=True)]) + churn
+    # The members added in session 8: moved keys inserted and given back (present keys),
+    # count, insert_or_update both ways, extract of present and absent keys, the table's
+    # bounds and load factor, for_each stopped early, and erase_if(pred) over the whole map
+    # at each modulus; with std::string keys a moved-from key that did not come back is empty.
+    members = b""
+    for k in range(0, 40, 2):
+        members += (model_op("insert", k, MOVED) + model_op("insert", k, MOVED)
+                    + model_op("try_emplace", k + 1, MOVED) + model_op("try_emplace", k, MOVED)
+                    + model_op("contains", k + 1, COUNT) + model_op("insert_or_update", k)
+                    + model_op("insert_or_update", k + 40)
+                    + model_op("insert_or_assign", k, MOVED)
+                    + model_op("insert_or_assign", k + 80, MOVED) + model_op("extract", k + 1))
+    members += model_op("size") + model_op("for_each", 0, 1) + model_op("for_each", 0, 7)
+    for arg, anchor in ((WHOLE_MAP_ARG, 1), (WHOLE_MAP_ARG + 1, 0), (WHOLE_MAP_ARG + 2, 3)):
+        members += (model_op("erase_if", anchor, arg) + model_op("size")
+                    + model_op("extract", anchor) + model_op("contains", anchor, COUNT)
+                    + model_op("insert_range", anchor, 3))
+    members += model_op("pin", 4, 6) + model_op("extract", 4) + model_op("insert_or_update", 4)
+    members += (model_op("erase_if", 0, WHOLE_MAP_ARG) + model_op("for_each", 0, 12)
+                + model_op("size"))
+    seeds["members_strings_moved"] = bytes([variant("mod5", strings=True),
+                                            options(tight_pool=True)]) + members
+    seeds["members_identity_swings"] = bytes([variant("identity"), options(0.5, 4096)]) + members
     return seeds
 
 
@@ -130,8 +160,8 @@ def thread_seeds():
     def swings(rounds):
         ops = []
         for _ in range(rounds):
-            ops += [thread_op("insert_range", 0, 15), thread_op("for_each"),
-                    thread_op("erase_range", 4, 15), thread_op("insert_range", 8, 3)]
+            ops += [thread_op("insert_range", 0, 3), thread_op("for_each"),
+                    thread_op("erase_range", 4, 3), thread_op("insert_range", 8, 3)]
         return ops
 
     def clears(rounds):
@@ -168,13 +198,46 @@ def thread_seeds():
                                                              swings(6))
     seeds["pins_across_updates"] = header("constant", tight_pool=True) + deal(pins(6), pins(6))
     seeds["reserve_races"] = header(initial16=True, max_buckets=4096) + deal(
-        [thread_op("reserve", s, 15) for s in range(31, 0, -3)] + swings(3), swings(6))
+        [thread_op("reserve", s, 12) for s in range(31, 0, -3)] + swings(3), swings(6))
     seeds["strings_mixed"] = header(strings=True, tight_pool=True) + deal(
         own_churn(2) + shared_fight(2), shared_fight(3) + clears(2))
     seeds["strings_3_mod5"] = header("mod5", strings=True, three=True, grow=2.0) + deal(
         swings(3) + pins(2), shared_fight(3), own_churn(2))
     seeds["foreach_during_updates"] = header("identity", max_buckets=32) + deal(
         [thread_op("for_each", delay=d % 4) for d in range(40)], swings(5) + shared_fight(2))
+
+    # The members added in session 8 under contention: moved keys racing for the same shared
+    # key (the loser's key comes back after its element was built), counters bumped with
+    # insert_or_update, extract, count, and a thread that walks with a for_each that stops
+    # and erases with erase_if(pred) over the whole map while the others update.
+    def moved_fight(rounds, delay=0):
+        ops = []
+        for r in range(rounds):
+            for slot in range(16, 32, 4):
+                ops += [thread_op("insert", slot, MOVED, delay),
+                        thread_op("try_emplace", slot + 1, MOVED),
+                        thread_op("insert_or_update", slot + 2), thread_op("extract", slot),
+                        thread_op("insert_or_assign", slot + 3, MOVED),
+                        thread_op("contains", slot + 1, COUNT),
+                        thread_op("extract", slot + 1, delay=delay),
+                        thread_op("insert_or_update", r % 16)]
+        return ops
+
+    def walks(rounds):
+        ops = []
+        for r in range(rounds):
+            ops += [thread_op("insert_range", r % 16, 3), thread_op("for_each", 0, 1 + r % 12),
+                    thread_op("erase_if", r % 32, WHOLE_MAP_ARG + r % 3),
+                    thread_op("bucket_count"),
+                    thread_op("extract", r % 16), thread_op("contains", r % 16, COUNT),
+                    thread_op("insert", (r + 1) % 16, MOVED), thread_op("for_each")]
+        return ops
+
+    seeds["members_moved_fight_strings"] = header("mod5", strings=True, three=True,
+                                                  tight_pool=True) + deal(
+        moved_fight(3), moved_fight(3, 1), walks(8))
+    seeds["members_walks_erase_matching"] = header("halves", grow=0.5, max_buckets=4096) + deal(
+        walks(10), moved_fight(2) + swings(3))
     return seeds
 
 

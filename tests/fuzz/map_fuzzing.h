@@ -1,7 +1,9 @@
 // Shared by the grace::hash_map fuzz targets (test-only): reading the input and its header,
 // the maps under test (a hash with selectable collision patterns, options that make the
 // table resize all the time), keys and values that carry their own identity, a read section
-// held across operations, and failing loudly.
+// held across operations, the calls and checks both targets make the same way (inserts with
+// a moved key, the whole-map erase_if, a for_each that stops, the table's bounds), and
+// failing loudly.
 //
 // Both targets start with the same two header bytes:
 //   byte 0: bits 0-2 the hash (hash_mode), bit 3 std::string keys and values instead of
@@ -14,6 +16,7 @@
 
 #include <absl/hash/hash.h>
 
+#include <bit>
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "grace/map/hash_map.h"
 
@@ -222,6 +226,94 @@ inline input_header read_header(byte_reader& in) {
   header.strings = (variant & 8) != 0;
   header.target_bits = variant >> 4;
   return header;
+}
+
+// insert(), try_emplace() and insert_or_assign(), with the key as an lvalue or an rvalue.
+enum class insert_member : std::uint8_t { insert, try_emplace, insert_or_assign };
+inline const char* name_of(insert_member member) noexcept {
+  constexpr const char* kNames[] = {"insert", "try_emplace", "insert_or_assign"};
+  return kNames[static_cast<unsigned>(member)];
+}
+struct insert_result {
+  bool inserted;
+  bool key_lost;  // an rvalue key that was not inserted did not come back unchanged
+};
+// Calls `member` with `key`, or, if `moved`, with a copy of it moved in. hash_map.h gives an
+// rvalue key that insert() or try_emplace() did not insert back unchanged (the key was
+// present, or a racing insert won); insert_or_assign() moves it into the element whether it
+// inserts or replaces, so only its result says anything.
+template <class Map>
+insert_result insert_into(Map& map, insert_member member, bool moved,
+                          const typename Map::key_type& key, typename Map::mapped_type value) {
+  if (!moved) {
+    switch (member) {
+      case insert_member::insert:
+        return {map.insert(key, std::move(value)), false};
+      case insert_member::try_emplace:
+        return {map.try_emplace(key, std::move(value)), false};
+      case insert_member::insert_or_assign:
+        return {map.insert_or_assign(key, std::move(value)), false};
+    }
+  }
+  typename Map::key_type rvalue = key;
+  bool inserted = false;
+  switch (member) {
+    case insert_member::insert:
+      inserted = map.insert(std::move(rvalue), std::move(value));
+      break;
+    case insert_member::try_emplace:
+      inserted = map.try_emplace(std::move(rvalue), std::move(value));
+      break;
+    case insert_member::insert_or_assign:
+      return {map.insert_or_assign(std::move(rvalue), std::move(value)), false};
+  }
+  // Read after the move on purpose: a key not inserted is the caller's again.
+  return {inserted, !inserted && rvalue != key};
+}
+
+// contains(key), or, if `count`, count(key) (std::unordered_map's spelling: 0 or 1, which the
+// caller checks).
+template <class Map>
+std::size_t lookup_count(const Map& map, const typename Map::key_type& key, bool count) {
+  if (count) return map.count(key);
+  return map.contains(key) ? 1 : 0;
+}
+
+// The erase_if operation's argument from kWholeMapArg up (the top of its range, so that it
+// stays rare: it walks every element) runs erase_if(pred) over the whole map instead of on
+// the operation's key. pred picks the keys whose index equals the operation's key's (the
+// anchor) modulo arg - kWholeMapArg + 2: in both targets' ranges 2, 3 or 4, so about half, a
+// third or a quarter of them.
+inline constexpr unsigned kWholeMapArg = 10;
+inline bool whole_map_erases(std::size_t index, std::size_t anchor, unsigned arg) noexcept {
+  const std::size_t modulus = arg - kWholeMapArg + 2;
+  return index % modulus == anchor % modulus;
+}
+
+// for_each() with an f that passes each element to `see` and returns false at its
+// `stop_at`-th call (stop_at >= 1). Returns how many times for_each called f: more than
+// stop_at if it went on after the false.
+template <class Map, class See>
+std::size_t for_each_until(const Map& map, std::size_t stop_at, See see) {
+  std::size_t calls = 0;
+  map.for_each([&](const typename Map::key_type& key, const typename Map::mapped_type& value) {
+    see(key, value);
+    return ++calls < stop_at;
+  });
+  return calls;
+}
+
+// bucket_count() is a power of two between min_buckets and max_buckets, which the map rounds
+// up to powers of two; at any time, even while other threads resize the table.
+inline bool buckets_in_bounds(std::size_t buckets, const hash_map_options& options) noexcept {
+  return std::has_single_bit(buckets) && buckets >= std::bit_ceil(options.min_buckets) &&
+         buckets <= std::bit_ceil(options.max_buckets);
+}
+// With no update in flight, load_factor() is the size over bucket_count().
+template <class Map>
+bool load_factor_is(const Map& map, std::size_t size) {
+  return map.load_factor() ==
+         static_cast<float>(size) / static_cast<float>(map.bucket_count());
 }
 
 // A read section held across later operations (the targets' pin operation), and the element

@@ -5,13 +5,21 @@
 //
 // Input: the two header bytes of map_fuzzing.h (byte 0 bits 4-7 unused), then one operation
 // per two bytes, [op][key]:
-//   op  % kOpCount: the operation; op / kOpCount: its argument (0-15)
+//   op  % kOpCount: the operation; op / kOpCount: its argument (0-13)
 //   key % kKeys:    the key's index (a small key space: most operations hit a present key)
 // A pin holds a read section across the next arg + 1 operations and checks at the end that
 // the element it read is unchanged, however the map changed meanwhile. reserve, clear and
-// the range operations force the table through large resizes in a few bytes.
+// the range operations force the table through large resizes in a few bytes. The other
+// operations that read their argument:
+//   insert, try_emplace, insert_or_assign: bit 0 passes the key as an rvalue (a key not
+//            inserted must come back unchanged, map_fuzzing.h's insert_into());
+//   contains: bit 0 asks count() instead;
+//   erase_if: bit 0 is what pred answers; from gf::kWholeMapArg up, erase_if(pred) over the
+//            whole map instead (map_fuzzing.h's whole_map_erases());
+//   for_each: 0 checks the whole content; n stops the walk with false at its n-th element.
 //
 // Replay a crash: build/fuzz/tests/fuzz/map_model_fuzzer crash-<sha1>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -40,7 +48,9 @@ enum class op : std::uint8_t {
   insert_or_assign,
   assign,
   update,
+  insert_or_update,
   erase,
+  extract,
   erase_if,
   for_each,
   reserve,
@@ -51,6 +61,8 @@ enum class op : std::uint8_t {
   kCount
 };
 constexpr unsigned kOpCount = static_cast<unsigned>(op::kCount);
+static_assert(static_cast<unsigned>(op::erase_if) + kOpCount * gf::kWholeMapArg <= 255,
+              "an op byte must be able to ask for the whole-map erase_if");
 
 template <class Key, class Value>
 class model_run {
@@ -108,9 +120,13 @@ class model_run {
         if (found) check_value("find", index, *found);
         break;
       }
-      case op::contains:
-        check_present("contains", index, map_.contains(key));
+      case op::contains: {
+        const bool count = (arg & 1) != 0;
+        const std::size_t found = gf::lookup_count(map_, key, count);
+        GRACE_FUZZ_CHECK(found <= 1, "op %zu: count(%zu) returned %zu", op_, index, found);
+        check_present(count ? "count" : "contains", index, found == 1);
         break;
+      }
       case op::visit: {
         int calls = 0;
         const bool visited = map_.visit(key, [&](const Value& v) {
@@ -125,30 +141,15 @@ class model_run {
       case op::pin:
         pin(key, index, arg);
         break;
-      case op::insert: {
-        const std::uint64_t code = fresh_code(index);
-        const bool inserted = map_.insert(key, values::make(code));
-        check_present("!insert", index, !inserted);
-        if (inserted) model_.emplace(index, code);
-        after_update(inserted, false);
+      case op::insert:
+        insert(gf::insert_member::insert, key, index, arg);
         break;
-      }
-      case op::try_emplace: {
-        const std::uint64_t code = fresh_code(index);
-        const bool inserted = map_.try_emplace(key, values::make(code));
-        check_present("!try_emplace", index, !inserted);
-        if (inserted) model_.emplace(index, code);
-        after_update(inserted, false);
+      case op::try_emplace:
+        insert(gf::insert_member::try_emplace, key, index, arg);
         break;
-      }
-      case op::insert_or_assign: {
-        const std::uint64_t code = fresh_code(index);
-        const bool inserted = map_.insert_or_assign(key, values::make(code));
-        check_present("!insert_or_assign", index, !inserted);
-        model_[index] = code;
-        after_update(inserted, false);
+      case op::insert_or_assign:
+        insert(gf::insert_member::insert_or_assign, key, index, arg);
         break;
-      }
       case op::assign: {
         const std::uint64_t code = fresh_code(index);
         const bool assigned = map_.assign(key, values::make(code));
@@ -170,6 +171,23 @@ class model_run {
         if (updated) model_[index] = code;
         break;
       }
+      case op::insert_or_update: {
+        const std::uint64_t inserted_code = fresh_code(index);
+        const std::uint64_t updated_code = fresh_code(index);
+        int calls = 0;
+        const bool inserted =
+            map_.insert_or_update(key, values::make(inserted_code), [&](const Value& old) {
+              ++calls;
+              check_value("insert_or_update", index, old);
+              return values::make(updated_code);
+            });
+        check_present("!insert_or_update", index, !inserted);
+        GRACE_FUZZ_CHECK(calls == (inserted ? 0 : 1),
+                         "op %zu: insert_or_update called f %d times", op_, calls);
+        model_[index] = inserted ? inserted_code : updated_code;
+        after_update(inserted, false);
+        break;
+      }
       case op::erase: {
         const bool erased = map_.erase(key);
         check_present("erase", index, erased);
@@ -177,7 +195,19 @@ class model_run {
         after_update(false, erased);
         break;
       }
+      case op::extract: {
+        const std::optional<Value> taken = map_.extract(key);
+        check_present("extract", index, taken.has_value());
+        if (taken) check_value("extract", index, *taken);
+        model_.erase(index);
+        after_update(false, taken.has_value());
+        break;
+      }
       case op::erase_if: {
+        if (arg >= gf::kWholeMapArg) {
+          erase_matching(index, arg);
+          break;
+        }
         const bool want = (arg & 1) != 0;
         int calls = 0;
         const bool erased = map_.erase_if(key, [&](const Value& v) {
@@ -195,7 +225,11 @@ class model_run {
         break;
       }
       case op::for_each:
-        check_content();
+        if (arg == 0) {
+          check_content();
+        } else {
+          check_stopped_walk(arg);
+        }
         break;
       case op::reserve:
         // Up to 2040 elements: up to 4096 buckets at the smallest load factor.
@@ -211,9 +245,16 @@ class model_run {
         after_update(false, erased);
         break;
       }
-      case op::size:
+      case op::size: {
         GRACE_FUZZ_CHECK(map_.empty() == model_.empty(), "op %zu: empty()", op_);
+        const std::size_t buckets = map_.bucket_count();
+        GRACE_FUZZ_CHECK(gf::buckets_in_bounds(buckets, options_), "op %zu: bucket_count() %zu",
+                         op_, buckets);
+        GRACE_FUZZ_CHECK(gf::load_factor_is(map_, model_.size()),
+                         "op %zu: load_factor() %g, with %zu elements in %zu buckets", op_,
+                         static_cast<double>(map_.load_factor()), model_.size(), buckets);
         break;
+      }
       case op::insert_range:
         for (std::size_t i = 0; i < 4 * (arg + 1); ++i) {
           const std::size_t k = (index + i) % kKeys;
@@ -238,6 +279,60 @@ class model_run {
       case op::kCount:
         break;
     }
+  }
+
+  // insert, try_emplace or insert_or_assign; arg bit 0 moves the key in.
+  void insert(gf::insert_member member, const Key& key, std::size_t index, unsigned arg) {
+    const std::uint64_t code = fresh_code(index);
+    const bool moved = (arg & 1) != 0;
+    const gf::insert_result r = gf::insert_into(map_, member, moved, key, values::make(code));
+    GRACE_FUZZ_CHECK(!r.key_lost, "op %zu: %s(std::move(key %zu)) did not insert it and did "
+                     "not give it back", op_, gf::name_of(member), index);
+    const bool present = model_.count(index) != 0;
+    GRACE_FUZZ_CHECK(r.inserted != present, "op %zu: %s(%zu%s) returned %d, model: present %d",
+                     op_, gf::name_of(member), index, moved ? ", moved" : "", r.inserted,
+                     present);
+    if (member == gf::insert_member::insert_or_assign) {
+      model_[index] = code;
+    } else if (r.inserted) {
+      model_.emplace(index, code);
+    }
+    after_update(r.inserted, false);
+  }
+
+  // erase_if(pred) over the whole map: pred sees every element once, with the model's value,
+  // and the count is what std::erase_if removes from the model. No after_update(): the
+  // erases run inside the walk's read section, where the table cannot shrink; the next
+  // update outside one shrinks it (a shrink held back is due at once).
+  void erase_matching(std::size_t anchor, unsigned arg) {
+    std::vector<bool> passed(kKeys, false);
+    std::size_t calls = 0;
+    const std::size_t erased = map_.erase_if([&](const Key& key, const Value& value) {
+      ++calls;
+      return gf::whole_map_erases(check_walked("erase_if(pred)", passed, key, value), anchor,
+                                  arg);
+    });
+    GRACE_FUZZ_CHECK(calls == model_.size(), "op %zu: erase_if(pred) called pred %zu times, "
+                     "model has %zu", op_, calls, model_.size());
+    const std::size_t expected = std::erase_if(
+        model_, [&](const auto& entry) { return gf::whole_map_erases(entry.first, anchor, arg); });
+    GRACE_FUZZ_CHECK(erased == expected, "op %zu: erase_if(pred) erased %zu, model %zu", op_,
+                     erased, expected);
+  }
+
+  // A for_each whose f returns false at its stop_at-th element: it stops there (or visits
+  // every element if there are fewer), each with the model's value.
+  void check_stopped_walk(std::size_t stop_at) {
+    std::vector<bool> passed(kKeys, false);
+    const std::size_t calls = gf::for_each_until(map_, stop_at, [&](const Key& key,
+                                                                    const Value& value) {
+      check_walked("for_each", passed, key, value);
+    });
+    GRACE_FUZZ_CHECK(calls <= stop_at, "op %zu: for_each called f again after it returned false",
+                     op_);
+    GRACE_FUZZ_CHECK(calls == std::min(stop_at, model_.size()),
+                     "op %zu: for_each stopping at %zu of %zu called f %zu times", op_, stop_at,
+                     model_.size(), calls);
   }
 
   void pin(const Key& key, std::size_t index, unsigned arg) {
@@ -273,8 +368,8 @@ class model_run {
     const grace::hash_map_stats s = map_.stats();
     const double size = static_cast<double>(s.size);
     const double buckets = static_cast<double>(s.buckets);
-    GRACE_FUZZ_CHECK(s.buckets >= 1 && s.buckets <= options_.max_buckets,
-                     "op %zu: %llu buckets", op_, static_cast<unsigned long long>(s.buckets));
+    GRACE_FUZZ_CHECK(gf::buckets_in_bounds(s.buckets, options_), "op %zu: %llu buckets", op_,
+                     static_cast<unsigned long long>(s.buckets));
     if (buckets_before_ <= 256) {
       GRACE_FUZZ_CHECK(size <= buckets * options_.grow_load_factor ||
                            s.buckets == options_.max_buckets,
@@ -288,24 +383,30 @@ class model_run {
     }
   }
 
-  // for_each visits every element once, with the model's value, and nothing else.
+  // An element a walk (for_each, the whole-map erase_if) passed: a key the model holds, not
+  // passed before in this walk, with the model's value. Returns its index.
+  std::size_t check_walked(const char* what, std::vector<bool>& passed, const Key& key,
+                           const Value& value) const {
+    const std::optional<std::size_t> index = keys::index_of(key);
+    GRACE_FUZZ_CHECK(index.has_value() && *index < kKeys,
+                     "op %zu: %s passed a key never inserted", op_, what);
+    GRACE_FUZZ_CHECK(!passed[*index], "op %zu: %s passed key %zu twice", op_, what, *index);
+    passed[*index] = true;
+    check_value(what, *index, value);
+    return *index;
+  }
+
+  // for_each visits every element once, with the model's value, and nothing else: distinct
+  // keys the model holds, as many as it holds.
   void check_content() {
-    std::vector<int> seen(kKeys, 0);
+    std::vector<bool> passed(kKeys, false);
     std::size_t visited = 0;
     map_.for_each([&](const Key& key, const Value& value) {
       ++visited;
-      const std::optional<std::size_t> index = keys::index_of(key);
-      GRACE_FUZZ_CHECK(index.has_value() && *index < kKeys,
-                       "op %zu: for_each visited a key never inserted", op_);
-      ++seen[*index];
-      check_value("for_each", *index, value);
+      check_walked("for_each", passed, key, value);
     });
     GRACE_FUZZ_CHECK(visited == model_.size(), "op %zu: for_each visited %zu, model has %zu",
                      op_, visited, model_.size());
-    for (std::size_t i = 0; i < kKeys; ++i) {
-      GRACE_FUZZ_CHECK(seen[i] == static_cast<int>(model_.count(i)),
-                       "op %zu: for_each visited key %zu %d times", op_, i, seen[i]);
-    }
   }
 
   grace::hash_map_options options_;

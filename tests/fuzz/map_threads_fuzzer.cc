@@ -10,17 +10,29 @@
 //     must belong to its key, come from a thread that had already announced that serial,
 //     be the reader's own latest write if the reader wrote it, and never be older than a
 //     value of the same writer the reader saw before for that key (linearizability).
-//   - for_each visits each owned key of the iterating thread at most once, with the
-//     model's value (exactly once if present and no clear ran meanwhile).
+//   - for_each, and the whole-map erase_if(pred), pass each owned key of the iterating
+//     thread at most once, with the model's value (exactly once if present and no clear ran
+//     meanwhile, unless the for_each stopped early); the whole-map erase_if erases only
+//     keys its pred approved (never another thread's owned keys), all of this thread's
+//     unless a clear raced with it. A for_each whose f returns false is never called again.
+//   - An rvalue key that insert or try_emplace did not insert comes back unchanged, also when
+//     a racing insert of a shared key won.
+//   - bucket_count() stays a power of two within the options' bounds.
 //   - After the join: for_each visits every key once; an owned key holds what its model
 //     says; a shared key holds the last value some thread wrote to it, or is absent only if
-//     a thread erased it or a clear ran; size() matches.
+//     a thread erased it or a clear ran; size() matches, and load_factor() is size() over
+//     bucket_count().
 //
 // Input: the two header bytes of map_fuzzing.h (byte 0 bit 4: three threads instead of
 // two), then one operation per two bytes, [op][key], dealt to the threads in turn:
-//   op  % kOpCount: the operation; op / kOpCount: its argument (0-15)
+//   op  % kOpCount: the operation; op / kOpCount: its argument (0-13)
 //   key & 31:       slots 0-15 the thread's own keys, 16-31 the shared keys
 //   key >> 5:       spin 4^n iterations first (n = 7: yield), to shift the interleaving
+// The argument, where an operation reads it: as in map_model_fuzzer.cc (insert, try_emplace
+// and insert_or_assign: bit 0 moves the key in; contains: bit 0 asks count(); erase_if:
+// bit 0 is pred's answer, from gf::kWholeMapArg up the whole map instead; for_each: n > 0
+// stops at the n-th element; pin: how long it holds), and reserve and the range operations
+// size themselves with it.
 //
 // Replay a crash: build/fuzz/tests/fuzz/map_threads_fuzzer crash-<sha1> (runs are not
 // deterministic: a replay may need -runs=1000).
@@ -56,16 +68,21 @@ enum class op : std::uint8_t {
   insert_or_assign,
   assign,
   update,
+  insert_or_update,
   erase,
+  extract,
   erase_if,
   for_each,
   reserve,
   clear,
+  bucket_count,
   insert_range,
   erase_range,
   kCount
 };
 constexpr unsigned kOpCount = static_cast<unsigned>(op::kCount);
+static_assert(static_cast<unsigned>(op::erase_if) + kOpCount * gf::kWholeMapArg <= 255,
+              "an op byte must be able to ask for the whole-map erase_if");
 
 struct record {
   op o;
@@ -77,6 +94,7 @@ struct record {
 // What the threads share besides the map.
 struct shared_state {
   unsigned threads = 0;
+  grace::hash_map_options options;  // the map's
   // The highest serial each thread may have written so far.
   std::atomic<std::uint64_t> announced[kMaxThreads]{};
   // clear() calls begun and ended (see worker::begin_op()).
@@ -253,7 +271,17 @@ class worker {
       return;
     }
     if (r.o == op::for_each) {
-      iterate();
+      iterate(r.arg);
+      return;
+    }
+    if (r.o == op::erase_if && r.arg >= gf::kWholeMapArg) {
+      erase_matching(r.slot < kOwned ? own_index(r.slot) : kSharedBase + r.slot - kOwned, r.arg);
+      return;
+    }
+    if (r.o == op::bucket_count) {
+      const std::size_t buckets = map_.bucket_count();
+      GRACE_FUZZ_CHECK(gf::buckets_in_bounds(buckets, shared_.options),
+                       "thread %u op %zu: bucket_count() %zu", id_, op_, buckets);
       return;
     }
     if (r.o == op::insert_range || r.o == op::erase_range) {
@@ -289,7 +317,7 @@ class worker {
         break;
       }
       case op::contains: {
-        const bool present = map_.contains(key);
+        const bool present = contains(key, index, arg);
         const bool loose = end_op(finished);
         expect_present("contains", j, loose, present);
         if (present) {
@@ -334,8 +362,7 @@ class worker {
       case op::insert:
       case op::try_emplace: {
         const std::uint64_t code = fresh_code(index);
-        const bool inserted = o == op::insert ? map_.insert(key, values::make(code))
-                                              : map_.try_emplace(key, values::make(code));
+        const bool inserted = insert(o, arg, key, index, code);
         const bool loose = end_op(finished);
         expect_present("!insert", j, loose, !inserted);
         if (inserted) {
@@ -347,7 +374,7 @@ class worker {
       }
       case op::insert_or_assign: {
         const std::uint64_t code = fresh_code(index);
-        const bool inserted = map_.insert_or_assign(key, values::make(code));
+        const bool inserted = insert(o, arg, key, index, code);
         const bool loose = end_op(finished);
         expect_present("!insert_or_assign", j, loose, !inserted);
         now_present(j, code, loose);
@@ -386,10 +413,40 @@ class worker {
         }
         break;
       }
+      case op::insert_or_update: {
+        const std::uint64_t inserted_code = fresh_code(index);
+        const std::uint64_t updated_code = fresh_code(index);
+        int calls = 0;
+        const bool inserted =
+            map_.insert_or_update(key, values::make(inserted_code), [&](const Value& old) {
+              ++calls;
+              expect_owned("insert_or_update", j, true, observe("insert_or_update", index, old));
+              return values::make(updated_code);
+            });
+        const bool loose = end_op(finished);
+        expect_present("!insert_or_update", j, loose, !inserted);
+        // Present: f ran (again after each lost race). Absent: f ran only if a clear erased
+        // the key between f and its replacement.
+        GRACE_FUZZ_CHECK(inserted ? calls == 0 || loose : calls >= 1,
+                         "thread %u op %zu: insert_or_update(%zu) returned %d after %d calls "
+                         "of f",
+                         id_, op_, index, inserted, calls);
+        now_present(j, inserted ? inserted_code : updated_code, loose);
+        break;
+      }
       case op::erase: {
         const bool erased = map_.erase(key);
         const bool loose = end_op(finished);
         expect_present("erase", j, loose, erased);
+        now_absent(j);
+        break;
+      }
+      case op::extract: {
+        const std::optional<Value> taken = map_.extract(key);
+        std::optional<std::uint64_t> code;
+        if (taken) code = observe("extract", index, *taken);
+        const bool loose = end_op(finished);
+        expect_owned("extract", j, loose, code);
         now_absent(j);
         break;
       }
@@ -437,7 +494,7 @@ class worker {
         if (const std::optional<Value> found = map_.find(key)) observe("find", index, *found);
         break;
       case op::contains:
-        map_.contains(key);
+        contains(key, index, arg);
         break;
       case op::visit: {
         int calls = 0;
@@ -455,14 +512,12 @@ class worker {
       case op::insert:
       case op::try_emplace: {
         const std::uint64_t code = fresh_code(index);
-        const bool inserted = o == op::insert ? map_.insert(key, values::make(code))
-                                              : map_.try_emplace(key, values::make(code));
-        if (inserted) wrote(code);
+        if (insert(o, arg, key, index, code)) wrote(code);
         break;
       }
       case op::insert_or_assign: {
         const std::uint64_t code = fresh_code(index);
-        map_.insert_or_assign(key, values::make(code));
+        insert(o, arg, key, index, code);
         wrote(code);
         break;
       }
@@ -481,8 +536,25 @@ class worker {
         }
         break;
       }
+      case op::insert_or_update: {
+        const std::uint64_t inserted_code = fresh_code(index);
+        const std::uint64_t updated_code = fresh_code(index);
+        const bool inserted =
+            map_.insert_or_update(key, values::make(inserted_code), [&](const Value& old) {
+              observe("insert_or_update", index, old);
+              return values::make(updated_code);
+            });
+        wrote(inserted ? inserted_code : updated_code);
+        break;
+      }
       case op::erase:
         if (map_.erase(key)) erased_shared_[j] = true;
+        break;
+      case op::extract:
+        if (const std::optional<Value> taken = map_.extract(key)) {
+          observe("extract", index, *taken);
+          erased_shared_[j] = true;
+        }
         break;
       case op::erase_if: {
         const bool want = (arg & 1) != 0;
@@ -498,6 +570,28 @@ class worker {
       default:
         break;
     }
+  }
+
+  // contains(), or count() if arg bit 0 is set.
+  bool contains(const Key& key, std::size_t index, unsigned arg) {
+    const std::size_t found = gf::lookup_count(map_, key, (arg & 1) != 0);
+    GRACE_FUZZ_CHECK(found <= 1, "thread %u op %zu: count(%zu) returned %zu", id_, op_, index,
+                     found);
+    return found == 1;
+  }
+
+  // insert, try_emplace or insert_or_assign (o); arg bit 0 moves the key in.
+  bool insert(op o, unsigned arg, const Key& key, std::size_t index, std::uint64_t code) {
+    const gf::insert_member member = o == op::insert        ? gf::insert_member::insert
+                                     : o == op::try_emplace ? gf::insert_member::try_emplace
+                                                            : gf::insert_member::insert_or_assign;
+    const gf::insert_result r =
+        gf::insert_into(map_, member, (arg & 1) != 0, key, values::make(code));
+    GRACE_FUZZ_CHECK(!r.key_lost,
+                     "thread %u op %zu: %s(std::move(key %zu)) did not insert it and did not "
+                     "give it back",
+                     id_, op_, gf::name_of(member), index);
+    return r.inserted;
   }
 
   // Holds a read section across the next arg + 1 operations (nested pins only read).
@@ -532,34 +626,97 @@ class worker {
     seen_started_ = before + 1;
   }
 
-  // for_each: this thread's present keys once each, with the model's values.
-  void iterate() {
-    const std::uint64_t finished = begin_op();
+  // What a walk over the map (for_each, the whole-map erase_if) passed of this thread's keys.
+  struct own_walk {
     int visits[kOwned] = {};
     std::uint64_t codes[kOwned] = {};
-    map_.for_each([&](const Key& key, const Value& value) {
-      const std::optional<std::size_t> index = keys::index_of(key);
-      GRACE_FUZZ_CHECK(index && *index < kKeys, "thread %u op %zu: for_each visited a key "
-                       "never inserted", id_, op_);
-      const std::uint64_t code = observe("for_each", *index, value);
-      if (*index / kOwned == id_ && *index < kSharedBase) {
-        ++visits[*index % kOwned];
-        codes[*index % kOwned] = code;
-      }
-    });
-    const bool loose = end_op(finished);
+    bool erased[kOwned] = {};  // the whole-map erase_if's pred approved it
+  };
+  bool owns(std::size_t index) const { return index < kSharedBase && index / kOwned == id_; }
+
+  // Checks an element a walk passed and notes it if it is this thread's; returns its index.
+  std::size_t walked(const char* what, own_walk& walk, const Key& key, const Value& value) {
+    const std::optional<std::size_t> index = keys::index_of(key);
+    GRACE_FUZZ_CHECK(index && *index < kKeys, "thread %u op %zu: %s passed a key never inserted",
+                     id_, op_, what);
+    const std::uint64_t code = observe(what, *index, value);
+    if (owns(*index)) {
+      ++walk.visits[*index % kOwned];
+      walk.codes[*index % kOwned] = code;
+    }
+    return *index;
+  }
+
+  // After a walk: this thread's keys it passed held the model's values (and are gone now if
+  // erased); those a walk to the end did not pass were absent at some point of it, so are
+  // absent now. A walk that stopped early says nothing of the keys it did not reach.
+  void end_walk(const char* what, const own_walk& walk, bool to_the_end, bool loose) {
     for (std::size_t j = 0; j < kOwned; ++j) {
-      GRACE_FUZZ_CHECK(visits[j] <= 1, "thread %u op %zu: for_each visited its key %zu %d times",
-                       id_, op_, own_index(j), visits[j]);
-      if (visits[j] == 1) {
-        expect_owned("for_each", j, loose, codes[j]);
-        now_present(j, codes[j], loose);
-      } else {
-        // Not visited: absent at some point of the walk, so absent now.
-        expect_owned("for_each", j, loose, std::nullopt);
+      GRACE_FUZZ_CHECK(walk.visits[j] <= 1, "thread %u op %zu: %s passed its key %zu %d times",
+                       id_, op_, what, own_index(j), walk.visits[j]);
+      if (walk.visits[j] == 1) {
+        expect_owned(what, j, loose, walk.codes[j]);
+        if (walk.erased[j]) {
+          now_absent(j);
+        } else {
+          now_present(j, walk.codes[j], loose);
+        }
+      } else if (to_the_end) {
+        expect_owned(what, j, loose, std::nullopt);
         now_absent(j);
       }
     }
+  }
+
+  // for_each: this thread's present keys once each, with the model's values; with stop_at
+  // (> 0), an f that returns false at that element, and is never called again.
+  void iterate(std::size_t stop_at) {
+    const std::uint64_t finished = begin_op();
+    own_walk walk;
+    auto see = [&](const Key& key, const Value& value) { walked("for_each", walk, key, value); };
+    bool to_the_end = true;
+    if (stop_at == 0) {
+      map_.for_each(see);
+    } else {
+      const std::size_t calls = gf::for_each_until(map_, stop_at, see);
+      GRACE_FUZZ_CHECK(calls <= stop_at,
+                       "thread %u op %zu: for_each called f again after it returned false", id_,
+                       op_);
+      to_the_end = calls < stop_at;
+    }
+    end_walk("for_each", walk, to_the_end, end_op(finished));
+  }
+
+  // erase_if(pred) over the whole map. pred approves this thread's keys and the shared keys
+  // that gf::whole_map_erases() picks, never another thread's. Every erase needs an approval
+  // (a shared key's pred runs again if the key is replaced meanwhile), and each approved key
+  // of this thread is erased unless a clear got there first.
+  void erase_matching(std::size_t anchor, unsigned arg) {
+    const std::uint64_t finished = begin_op();
+    own_walk walk;
+    std::size_t approved = 0;
+    std::size_t approved_own = 0;
+    const std::size_t erased = map_.erase_if([&](const Key& key, const Value& value) {
+      const std::size_t index = walked("erase_if(pred)", walk, key, value);
+      const bool mine = owns(index);
+      if ((!mine && index < kSharedBase) || !gf::whole_map_erases(index, anchor, arg)) {
+        return false;
+      }
+      ++approved;
+      if (mine) {
+        ++approved_own;
+        walk.erased[index % kOwned] = true;
+      } else {
+        erased_shared_[index - kSharedBase] = true;  // may have been erased: absent allowed
+      }
+      return true;
+    });
+    const bool loose = end_op(finished);
+    GRACE_FUZZ_CHECK(erased <= approved && (erased >= approved_own || loose),
+                     "thread %u op %zu: erase_if(pred) erased %zu after %zu approvals, %zu of "
+                     "them of its own keys",
+                     id_, op_, erased, approved, approved_own);
+    end_walk("erase_if(pred)", walk, true, loose);
   }
 
   map_type& map_;
@@ -583,6 +740,7 @@ void run(gf::hash_mode hash, const grace::hash_map_options& options, unsigned th
   using map_type = typename worker_type::map_type;
   shared_state shared;
   shared.threads = threads;
+  shared.options = options;
   map_type map(options, gf::index_hash{hash});
   std::vector<std::unique_ptr<worker_type>> workers;
   for (unsigned t = 0; t < threads; ++t) {
@@ -616,6 +774,11 @@ void run(gf::hash_mode hash, const grace::hash_map_options& options, unsigned th
   });
   GRACE_FUZZ_CHECK(map.size() == visited, "final size() %zu, for_each visited %zu", map.size(),
                    visited);
+  GRACE_FUZZ_CHECK(gf::buckets_in_bounds(map.bucket_count(), options),
+                   "final bucket_count() %zu", map.bucket_count());
+  GRACE_FUZZ_CHECK(gf::load_factor_is(map, visited),
+                   "final load_factor() %g, with %zu elements in %zu buckets",
+                   static_cast<double>(map.load_factor()), visited, map.bucket_count());
   // Relaxed: the threads were joined.
   const bool cleared = shared.clears_started.load(std::memory_order_relaxed) != 0;
   for (std::size_t i = 0; i < kKeys; ++i) {
