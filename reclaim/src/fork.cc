@@ -43,7 +43,7 @@
 //     std::thread objects are constructed over them and the threads started again.
 //   - Counters a dead thread may have left behind: emergency_outstanding_ (recounted from
 //     the postponed reclaims the child adopts, see thread_registry.cc), progress_waiters_,
-//     the sleeping flags: reset in the child. Tickets (gp_.started/completed) are changed
+//     backpressure_episode_, the sleeping flags: reset in the child. Tickets (gp_.started/completed) are changed
 //     only inside the gate. Statistics may be off by what was in flight.
 //
 // In flight at the copy and so lost in the child (the parent is unaffected): an object whose
@@ -394,6 +394,7 @@ void reclaim_engine::reset_after_fork_child(std::uint32_t generation) noexcept {
   gp_sleeping_.store(false, std::memory_order_relaxed);
   worker_sleeping_.store(false, std::memory_order_relaxed);
   progress_waiters_.store(0, std::memory_order_relaxed);
+  backpressure_episode_.store(false, std::memory_order_relaxed);  // its waiters are gone
   // Only the forking thread exists, and it holds no read_guard, so it owes no deferred work.
   deferred_users_.store(0, std::memory_order_relaxed);
   // Threads that had postponed reclaims are gone; the child adopts their lists instead and

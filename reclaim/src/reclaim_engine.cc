@@ -177,9 +177,9 @@ std::uint64_t reclaim_engine::pending_bytes() const noexcept {
   return backlog(retired_bytes_.load(std::memory_order_relaxed), reclaimed);
 }
 
-bool reclaim_engine::over_hard_limit() const noexcept {
-  return pending_objects() > owner_.options_.hard_limit_objects ||
-         pending_bytes() > owner_.options_.hard_limit_bytes;
+bool reclaim_engine::over_soft_limit() const noexcept {
+  return pending_objects() > owner_.options_.soft_limit_objects ||
+         pending_bytes() > owner_.options_.soft_limit_bytes;
 }
 
 void reclaim_engine::check_limits_after_submit() noexcept {
@@ -188,7 +188,11 @@ void reclaim_engine::check_limits_after_submit() noexcept {
   const std::uint64_t bytes = pending_bytes();
   if (objects <= options.soft_limit_objects && bytes <= options.soft_limit_bytes) return;
   request_flush();
-  if (objects <= options.hard_limit_objects && bytes <= options.hard_limit_bytes) return;
+  // Relaxed: a hint (see backpressure_episode_); the hard limits alone bound the backlog.
+  if (objects <= options.hard_limit_objects && bytes <= options.hard_limit_bytes &&
+      !backpressure_episode_.load(std::memory_order_relaxed)) {
+    return;
+  }
   // A deleter must never wait: on the worker it would wait for itself.
   if (tls_reader.running_deleters) return;
   if (tls_reader.nesting != 0) {
@@ -540,7 +544,10 @@ void reclaim_engine::reclaim_block(retire_block* block) noexcept {
   reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   // SeqCst: Dekker pair with backpressure_wait()'s waiter count and progress load.
   progress_.fetch_add(1, std::memory_order_seq_cst);
-  if (progress_waiters_.load(std::memory_order_seq_cst) != 0) futex_wake_all(progress_);
+  // SeqCst: as above. Waiters wait for the soft limits: wake them once, when they are met.
+  if (progress_waiters_.load(std::memory_order_seq_cst) != 0 && !over_soft_limit()) {
+    futex_wake_all(progress_);
+  }
 }
 
 retire_block* reclaim_engine::take_block(unsigned shard_index) noexcept {
@@ -582,6 +589,8 @@ void reclaim_engine::deallocate_block(retire_block* block) noexcept {
 
 void reclaim_engine::backpressure_wait() noexcept {
   backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
+  // Relaxed: a hint that recruits other retiring threads into the wait.
+  backpressure_episode_.store(true, std::memory_order_relaxed);
   request_flush();
   // The waiting thread pays for a grace period itself: on a busy machine the GP thread may
   // not get a core, and the worker can then take the blocks without waiting for one
@@ -589,14 +598,19 @@ void reclaim_engine::backpressure_wait() noexcept {
   run_grace_period();
   // SeqCst: Dekker pair with reclaim_block()'s progress bump and waiter-count load.
   progress_waiters_.fetch_add(1, std::memory_order_seq_cst);
-  while (over_hard_limit() && !stopping_.load(std::memory_order_relaxed)) {
+  // Down to the soft limits, not just under the hard ones: one wait per episode instead of
+  // one per block the worker frees, each with a grace period and two futex calls.
+  while (over_soft_limit() && !stopping_.load(std::memory_order_relaxed)) {
     // SeqCst: as above.
     const std::uint32_t seen = progress_.load(std::memory_order_seq_cst);
-    if (!over_hard_limit()) break;
+    if (!over_soft_limit()) break;
     futex_wait(progress_, seen, kRecheckInterval);
   }
   // Relaxed: the count only gates wake-ups; a stale non-zero costs one spare syscall.
   progress_waiters_.fetch_sub(1, std::memory_order_relaxed);
+  // Relaxed: a hint. Clearing a flag another waiter has just set only spares the threads it
+  // would have recruited until they cross the hard limits themselves.
+  backpressure_episode_.store(false, std::memory_order_relaxed);
 }
 
 void reclaim_engine::emergency_reclaim(void* object, void (*deleter)(void*),

@@ -46,7 +46,7 @@ class reclaim_engine {
   void recycle_block(retire_block* block) noexcept;
 
   void barrier();
-  // Blocks (outside any read section) until pending memory is back under the hard limits.
+  // Blocks (outside any read section) until pending memory is back under the soft limits.
   void backpressure_wait() noexcept;
   void check_limits_after_submit() noexcept;
   // No block could be had: reclaim `object` on this thread, safely.
@@ -93,7 +93,7 @@ class reclaim_engine {
   // keeps or clears the timer.
   bool track_request(request_timer& timer,
                      std::chrono::steady_clock::time_point now) const noexcept;
-  bool over_hard_limit() const noexcept;
+  bool over_soft_limit() const noexcept;
   std::uint64_t pending_objects() const noexcept;
   std::uint64_t pending_bytes() const noexcept;
 
@@ -128,6 +128,11 @@ class reclaim_engine {
   // Bumped after every reclaimed block; back-pressure waiters sleep on it.
   std::atomic<std::uint32_t> progress_{0};
   std::atomic<std::uint32_t> progress_waiters_{0};
+  // True from when a retiring thread crosses a hard limit until its wait has brought the
+  // backlog under the soft limits (a back-pressure episode). Every thread that submits a
+  // block meanwhile joins the wait: otherwise one that keeps the backlog between the limits
+  // would starve the waiter, which waits for the soft limits. Relaxed: a hint.
+  std::atomic<bool> backpressure_episode_{false};
 
   alignas(64) std::atomic<std::uint64_t> retired_objects_{0};
   std::atomic<std::uint64_t> retired_bytes_{0};

@@ -1097,8 +1097,8 @@ TEST(Domain, RetirePastTheHardLimitInsideAReadSectionReturnsAndWaitsAtTheGuardsE
       EXPECT_GT(d.stats().pending_objects, kHard) << "the backlog never passed the hard limit";
     }
     // The outermost guard's end ran the postponed back-pressure wait: the backlog is back
-    // under the hard limit. (Nothing else retires, so pending only falls from here.)
-    EXPECT_LE(d.stats().pending_objects, kHard);
+    // under the soft limit. (Nothing else retires, so pending only falls from here.)
+    EXPECT_LE(d.stats().pending_objects, kSoft);
   }
   EXPECT_GE(d.stats().forced_drains, 1u);
   d.barrier();
@@ -1144,6 +1144,83 @@ TEST(Domain, RetirePastTheHardLimitWaitsUntilTheBacklogDrains) {
   EXPECT_GE(s.forced_drains, 1u);
   d.barrier();
   EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+}
+
+// A deleter slow enough that one retiring thread outruns the worker (sleep_for rounds 5 us up
+// to the timer slack, ~50 us): the backlog grows until back-pressure holds it.
+void delete_tracked_slowly(void* object) {
+  std::this_thread::sleep_for(5us);
+  delete static_cast<gt::tracked*>(object);
+}
+
+TEST(Domain, ABackPressureWaitLastsUntilTheBacklogIsUnderTheSoftLimit) {
+  constexpr std::size_t kSoft = 1024;
+  constexpr std::size_t kHard = 4096;
+  constexpr std::size_t kObjects = 3 * kHard;
+  gt::instance_tracker tracker(kObjects);
+  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
+                   .hard_limit_objects = kHard});
+  gt::watchdog dog(kNoDeadlock, "retire() against slow deleters");
+  std::uint64_t waits_seen = 0;
+  for (std::size_t i = 0; i < kObjects; ++i) {
+    d.retire(new gt::tracked(tracker, i), &delete_tracked_slowly);
+    const grace::domain_stats s = d.stats();
+    if (s.backpressure_waits == waits_seen) continue;
+    waits_seen = s.backpressure_waits;
+    // This retire() waited. Waking as soon as the backlog is under the hard limit would
+    // leave it within a block of that limit, and the next block would wait again: one wait
+    // per block the worker frees. (Nothing else retires, so pending only falls meanwhile.)
+    EXPECT_LE(s.pending_objects, kSoft) << "after wait " << waits_seen << ", object " << i;
+  }
+  EXPECT_GE(waits_seen, 1u) << "the flood never outran the slow deleters";
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+}
+
+TEST(Domain, AThreadThatRetiresDuringAnotherThreadsBackPressureWaitWaitsWithIt) {
+  constexpr std::size_t kSoft = 1024;
+  constexpr std::size_t kHard = 4096;
+  constexpr std::size_t kFirst = kHard + 4 * kCapacity;  // crosses the hard limit
+  constexpr std::size_t kSecond = 2 * kCapacity;         // submits at least one block
+  gt::instance_tracker tracker(kFirst + kSecond);
+  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
+                   .hard_limit_objects = kHard});
+  gt::watchdog dog(kNoDeadlock, "two retiring threads under back-pressure");
+  std::atomic<bool> stalled{false};
+  std::atomic<bool> release{false};
+  // Holds a read section so that nothing can be reclaimed until the first thread waits.
+  std::thread staller([&] {
+    auto g = grace::pin();
+    // Release/Acquire (stalled, release): only sequence the steps.
+    stalled.store(true, std::memory_order_release);
+    while (!release.load(std::memory_order_acquire)) std::this_thread::yield();
+  });
+  while (!stalled.load(std::memory_order_acquire)) std::this_thread::yield();
+  std::thread first([&] {
+    for (std::size_t i = 0; i < kFirst; ++i) {
+      d.retire(new gt::tracked(tracker, i), &delete_tracked_slowly);
+    }
+  });
+  while (d.stats().backpressure_waits == 0) std::this_thread::sleep_for(100us);
+  release.store(true, std::memory_order_release);
+  staller.join();
+  // The slow deleters bring the backlog under the hard limit long before the soft one
+  // (~10 ms a block): retire while it is between them, far enough under the hard limit that
+  // this thread's blocks (and the shard's open one) cannot take it past: no threshold alone
+  // would stop this thread.
+  while (d.stats().pending_objects > kHard - kSecond - kCapacity) {
+    std::this_thread::sleep_for(100us);
+  }
+  ASSERT_GT(d.stats().pending_objects, kSoft) << "the backlog drained faster than expected";
+  for (std::size_t i = kFirst; i < kFirst + kSecond; ++i) {
+    d.retire(new gt::tracked(tracker, i), &delete_tracked_slowly);
+  }
+  // The first thread waits once: after its wait the backlog is under the soft limit, and its
+  // last few blocks cannot take it past the hard one again.
+  EXPECT_GE(d.stats().backpressure_waits, 2u) << "the second thread never joined the wait";
+  first.join();
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, kFirst + kSecond));
 }
 
 }  // namespace

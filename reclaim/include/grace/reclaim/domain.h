@@ -28,7 +28,7 @@
 //   - synchronize(): one full grace period; it is never queued behind reclamation work.
 //   - Pending memory is bounded: above the soft limits the engine drains at once; above the
 //     hard limits a retiring thread waits (outside its read sections) until the backlog
-//     falls back under them.
+//     falls back under the soft limits, and every thread that retires meanwhile waits too.
 //
 // fork() (without exec()) is supported; the child keeps using every domain it inherited.
 // Rules (details in reclaim/README.md, "fork()"):
@@ -76,11 +76,12 @@ struct domain_options {
   std::chrono::milliseconds drain_interval{20};
   // Pending (retired, not yet reclaimed) objects and bytes above which the engine drains
   // every shard at once. Bytes count only what callers pass to retire().
-  std::size_t soft_limit_objects = std::size_t{1} << 18;
+  std::size_t soft_limit_objects = std::size_t{1} << 15;
   std::size_t soft_limit_bytes = std::size_t{64} << 20;
-  // Above these, a retiring thread waits for the backlog to drain (back-pressure), outside
-  // its read sections. Must be >= the soft limits.
-  std::size_t hard_limit_objects = std::size_t{1} << 21;
+  // Above these, a retiring thread waits, outside its read sections, until the backlog is
+  // back under the soft limits (back-pressure); every thread that hands the engine a block
+  // meanwhile waits with it. Must be >= the soft limits: raise them with the soft limits.
+  std::size_t hard_limit_objects = std::size_t{1} << 17;
   std::size_t hard_limit_bytes = std::size_t{256} << 20;
   // How long the engine lets a request_gp() wait before running the grace period itself.
   // A grace period that ends meanwhile (synchronize(), one a pool's deallocating thread runs,
@@ -94,9 +95,9 @@ struct domain_options {
   // The reclaim worker's nice value, 0 to 19. The worker runs the deleters; on a busy
   // machine it competes for a core with the grace-period thread, and a synchronize() that
   // liburcu folds into the GP thread's grace period waits while that thread waits behind the
-  // worker. 19 makes freeing background work that grace periods never wait behind; the price
-  // is a larger backlog under a flood, up to the hard limits (reclaim/README.md, "Freeing as
-  // background work"). The worker starts at the nice value of the thread that creates the
+  // worker. 19 makes freeing background work that grace periods never wait behind; under a
+  // flood the backlog then reaches the hard limits, and back-pressure makes the retiring
+  // threads wait for the starved worker (reclaim/README.md, "Freeing as background work"). The worker starts at the nice value of the thread that creates the
   // domain (after fork(), of the forking thread); 0 keeps that one, whatever it is, and a
   // higher value raises it to this if it is lower. Never lowered: that needs CAP_SYS_NICE.
   int worker_nice = 0;
@@ -116,7 +117,7 @@ struct domain_stats {
   std::uint64_t batches = 0;               // groups of blocks reclaimed after one wait
   std::uint64_t blocks = 0;                // blocks handed to the engine
   std::uint64_t forced_drains = 0;         // soft limit crossed: shards drained at once
-  std::uint64_t backpressure_waits = 0;    // hard limit crossed: a retiring thread waited
+  std::uint64_t backpressure_waits = 0;    // a retiring thread waited (back-pressure)
   std::uint64_t emergency_frees = 0;       // no block memory: reclaimed by the retiring thread
 };
 
