@@ -1276,6 +1276,14 @@ TEST(HashMap, ClearShrinksTheTableBackToMinBuckets) {
   EXPECT_EQ(map.stats().buckets, 8u);
 }
 
+TEST(HashMap, EraseIfOverTheWholeMapShrinksTheTableItEmptied) {
+  u64_map map(resize_options(8, 1 << 12));
+  for (std::uint64_t k = 0; k < 2000; ++k) ASSERT_TRUE(map.insert(k, k));
+  ASSERT_GE(map.stats().buckets, 1024u);
+  EXPECT_EQ(map.erase_if([](std::uint64_t, std::uint64_t) { return true; }), 2000u);
+  EXPECT_EQ(map.stats().buckets, 8u);
+}
+
 TEST(HashMap, ReserveGrowsTheTableSoNElementsFitUnderTheGrowLoadFactor) {
   const grace::hash_map_options options = resize_options(4, 1 << 16, 2.0);
   u64_map map(options);

@@ -417,6 +417,9 @@ class hash_map {
       // The element's own key: it stays readable for the rest of this read section.
       if (erase_if(key, [&](const Value& current) { return pred(key, current); })) ++erased;
     });
+    // The erases ran inside the walk's read section, where a due shrink waits (it waits for
+    // grace periods): look at the load factor now, as clear() does.
+    if (erased != 0) list_.resize_if_due();
     return erased;
   }
 
