@@ -9,13 +9,18 @@
 //             and the reclaim worker's nice value when --worker-nice is
 //   call_rcu  urcu_memb_call_rcu() per object, the object embedding its rcu_head (what
 //             cds_lfht users do); finished with urcu_memb_barrier()
+//   handoff   the control, not an RCU mode: each thread hands full page-sized blocks of
+//             pointers straight to one freeing thread, with no grace period and no limit:
+//             the rate of freeing on another thread, which batch and call_rcu both do, with
+//             nothing else in the way
 //   nobatch   grace::domain with .batching = grace::batching::per_object (a GP per object),
 //             its pending-object limits above the default flood (kNobatchHardLimit)
 // The flooding threads are registered liburcu readers in every mode (call_rcu() requires
 // it; the grace modes register through one grace::pin() and retire outside read sections).
 // Each mode gets a fresh domain. While the flood runs, a separate measuring thread calls
-// domain.synchronize() (call_rcu mode: urcu_memb_synchronize_rcu()) in a loop. Right after
-// the flood, barrier() (call_rcu mode: urcu_memb_barrier()) is timed.
+// domain.synchronize() (call_rcu and handoff: urcu_memb_synchronize_rcu()) in a loop. Right
+// after the flood, barrier() (call_rcu mode: urcu_memb_barrier(); handoff: until its freeing
+// thread has freed everything) is timed.
 //
 // What each key measures:
 //   seconds         from the start gate opening to the last flooding thread's last retire
@@ -71,7 +76,7 @@ constexpr std::size_t kReservedSamples = std::size_t{1} << 16;
 constexpr std::size_t kNobatchSoftLimit = std::size_t{1} << 18;
 constexpr std::size_t kNobatchHardLimit = std::size_t{1} << 21;
 
-enum class mode { batch, nobatch, call_rcu };
+enum class mode { batch, nobatch, call_rcu, handoff };
 
 const char* mode_name(mode m) {
   switch (m) {
@@ -81,6 +86,8 @@ const char* mode_name(mode m) {
       return "nobatch";
     case mode::call_rcu:
       return "call_rcu";
+    case mode::handoff:
+      return "handoff";
   }
   return "?";
 }
@@ -166,6 +173,96 @@ double run_flood(const config& cfg, start_gate& gate, std::atomic<bool>& flood_d
   return seconds_between(start, end);
 }
 
+// handoff mode's freeing thread: retiring threads fill blocks of pointers (a page, as batch
+// mode's) and push full ones onto a stack; the thread takes the whole stack, oldest block
+// first, and frees every object at once. No grace period, no limit on the backlog.
+class handoff_freer {
+ public:
+  handoff_freer() : thread_([this] { run(); }) {}
+
+  // Called by a flooding thread for each object; setup()/teardown() bracket its flood.
+  static void retire(handoff_freer& freer, bench_object* object) {
+    handoff_block*& open = open_block();
+    if (open == nullptr) open = new handoff_block;
+    open->objects[open->count++] = object;
+    if (open->count == kObjectsPerBlock) {
+      freer.push(open);
+      open = nullptr;
+    }
+  }
+  void flush_this_thread() {
+    if (handoff_block*& open = open_block()) {
+      push(open);
+      open = nullptr;
+    }
+  }
+  // Frees everything handed over so far, then stops the thread.
+  void finish() {
+    // Release: pairs with the freeing thread's Acquire load; every push came before.
+    stopping_.store(true, std::memory_order_release);
+    wake_.fetch_add(1, std::memory_order_release);  // Release: as above
+    wake_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  static constexpr std::size_t kObjectsPerBlock = 4096 / sizeof(void*) - 2;
+  struct handoff_block {
+    handoff_block* next = nullptr;
+    std::size_t count = 0;
+    bench_object* objects[kObjectsPerBlock];
+  };
+  static handoff_block*& open_block() {
+    thread_local handoff_block* open = nullptr;
+    return open;
+  }
+  void push(handoff_block* block) {
+    // Relaxed load: the CAS below checks it.
+    block->next = blocks_.load(std::memory_order_relaxed);
+    // Release: publishes the block's pointers to the freeing thread's Acquire exchange.
+    while (!blocks_.compare_exchange_weak(block->next, block, std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+    }
+    wake_.fetch_add(1, std::memory_order_release);  // Release: orders the push before the wake
+    wake_.notify_one();
+  }
+  void run() {
+    for (;;) {
+      // Acquire: the wake count first, so a push after this load changes it (no lost wake).
+      const std::uint32_t seen = wake_.load(std::memory_order_acquire);
+      // Acquire: pairs with push()'s Release CAS.
+      handoff_block* newest = blocks_.exchange(nullptr, std::memory_order_acquire);
+      if (newest == nullptr) {
+        // Acquire: pairs with finish()'s Release store (every push happened before it).
+        if (stopping_.load(std::memory_order_acquire) &&
+            blocks_.load(std::memory_order_acquire) == nullptr) {  // Acquire: as above
+          return;
+        }
+        wake_.wait(seen, std::memory_order_acquire);  // Acquire: as the load above
+        continue;
+      }
+      handoff_block* oldest_first = nullptr;
+      while (newest != nullptr) {
+        handoff_block* next = newest->next;
+        newest->next = oldest_first;
+        oldest_first = newest;
+        newest = next;
+      }
+      while (oldest_first != nullptr) {
+        handoff_block* next = oldest_first->next;
+        for (std::size_t i = 0; i < oldest_first->count; ++i) delete oldest_first->objects[i];
+        delete oldest_first;
+        oldest_first = next;
+      }
+    }
+  }
+
+  std::atomic<handoff_block*> blocks_{nullptr};
+  std::atomic<std::uint32_t> wake_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
 // The flooding threads are registered liburcu readers in every mode, as threads that use a
 // concurrent structure are: call_rcu() requires it, and grace registers a thread on its first
 // pin. So every synchronize() has the same readers to wait for. The grace modes retire outside
@@ -216,6 +313,17 @@ result run_mode(mode m, const config& cfg, rss_sampler& rss, std::uint64_t& firs
     sync_latency = measurer.join();
     const auto barrier_begin = bench_clock::now();
     d.barrier();
+    barrier_ms = seconds_between(barrier_begin, bench_clock::now()) * 1e3;
+  } else if (m == mode::handoff) {
+    handoff_freer freer;
+    sync_measurer measurer(gate, flood_done, cfg.sync_gap, [] { urcu_memb_synchronize_rcu(); });
+    flood_seconds = run_flood(
+        cfg, gate, flood_done, register_reader,
+        [&freer](bench_object* object) { handoff_freer::retire(freer, object); },
+        [&freer] { freer.flush_this_thread(); });
+    sync_latency = measurer.join();
+    const auto barrier_begin = bench_clock::now();
+    freer.finish();
     barrier_ms = seconds_between(barrier_begin, bench_clock::now()) * 1e3;
   } else {
     sync_measurer measurer(gate, flood_done, cfg.sync_gap, [] { urcu_memb_synchronize_rcu(); });
@@ -276,9 +384,10 @@ void describe(options_spec& spec) {
                  "total objects (all threads); if set, --loops becomes "
                  "ceil(objects / (threads * alloc-num))");
   spec.set_default_text("objects", "off");
-  spec.add_choice_list("mode", "all", {"batch", "nobatch", "call_rcu", "all"},
+  spec.add_choice_list("mode", "all", {"batch", "nobatch", "call_rcu", "handoff", "all"},
                        "what retires the objects, one mode or a list run in the order given "
-                       "(batch,call_rcu); all = batch,call_rcu,nobatch");
+                       "(batch,call_rcu); handoff is the control (freed on another thread, no "
+                       "grace period); all = batch,call_rcu,handoff,nobatch");
   spec.add_choice("pattern", "bulk", {"bulk", "interleaved"},
                   "bulk: each loop allocates --alloc-num objects, then retires them; "
                   "interleaved: retire each right after allocating it (rcuperf's loop)");
@@ -304,8 +413,8 @@ void describe(options_spec& spec) {
       "Examples: barrier() after a 10M-object flood, batch beside call_rcu:\n"
       "  grace-bench retire --mode batch,call_rcu --threads 2 --loops 50 --alloc-num 100000\n"
       "(nobatch at 10M objects takes about a minute: a grace period per object.)\n"
-      "Less memory for less throughput: the pending limits, e.g.\n"
-      "  grace-bench retire --mode batch --soft-limit-objects 65536 --hard-limit-objects 262144\n"
+      "More memory for more throughput: the pending limits (the defaults before session 9):\n"
+      "  grace-bench retire --mode batch --soft-limit-objects 262144 --hard-limit-objects 2097152\n"
       "Keys: see the comment at the top of bench/reclaim/retire_mode.cc.");
 }
 
@@ -336,6 +445,7 @@ int run(const parsed_options& options, reporter& out) {
   for (const std::string& name : options.choice_list("mode")) {
     if (name == "batch" || name == "all") modes.push_back(mode::batch);
     if (name == "call_rcu" || name == "all") modes.push_back(mode::call_rcu);
+    if (name == "handoff" || name == "all") modes.push_back(mode::handoff);
     if (name == "nobatch" || name == "all") modes.push_back(mode::nobatch);
   }
 
