@@ -106,36 +106,6 @@ std::size_t round_up(std::size_t value, std::size_t alignment) {
   return ::testing::AssertionFailure() << "the pool accepted the options";
 }
 
-// A thread that holds a read_guard from start() until release(): no grace period that
-// begins after start() can end before release().
-class guard_holder {
- public:
-  void start() {
-    thread_ = std::thread([this] {
-      auto g = grace::pin();
-      // Release: the guard is held; pairs with the Acquire load in start().
-      inside_.store(true, std::memory_order_release);
-      // Acquire: pairs with the Release store in release().
-      while (!leave_.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
-    });
-    // Acquire: the thread is inside its read section; pairs with the Release store above.
-    while (!inside_.load(std::memory_order_acquire)) std::this_thread::yield();
-  }
-  void release() {
-    // Release: lets the thread leave; pairs with the Acquire load in its loop.
-    leave_.store(true, std::memory_order_release);
-    thread_.join();
-  }
-  ~guard_holder() {
-    if (thread_.joinable()) release();
-  }
-
- private:
-  std::thread thread_;
-  std::atomic<bool> inside_{false};
-  std::atomic<bool> leave_{false};
-};
-
 // ---------------------------------------------------------------------------------------------
 // Single-threaded semantics.
 
@@ -494,7 +464,7 @@ TEST(ObjectPool, NothingIsReusedWhileAReaderThatPinnedBeforeTheDeallocateIsInsid
   std::vector<void*> first(kObjects);
   for (void*& p : first) p = pool.allocate();
 
-  guard_holder reader;
+  gt::guard_holder reader;
   reader.start();
   for (void* p : first) pool.deallocate(p);
   d.request_gp();  // a grace period may start, but cannot end while the reader is inside

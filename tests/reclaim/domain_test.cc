@@ -550,24 +550,13 @@ TEST(Domain, GpCookieElapsesAfterSynchronize) {
 
 TEST(Domain, GpCookieDoesNotElapseWhileAnEarlierReaderIsInside) {
   grace::domain d;
-  std::atomic<bool> inside{false};
-  std::atomic<bool> release{false};
-  std::thread reader([&] {
-    auto g = grace::pin();
-    // Release: pairs with the Acquire spin below (only gates the sequence).
-    inside.store(true, std::memory_order_release);
-    // Acquire: pairs with the Release store of `release`.
-    while (!release.load(std::memory_order_acquire)) std::this_thread::yield();
-  });
-  // Acquire: pairs with the reader's Release store of `inside`.
-  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+  gt::guard_holder reader;
+  reader.start();
   const std::uint64_t cookie = d.gp_cookie();
   d.request_gp();
   std::this_thread::sleep_for(kHold);  // give a broken engine time to complete a GP early
   EXPECT_FALSE(d.gp_elapsed(cookie)) << "a grace period ended while an earlier reader was inside";
-  // Release: pairs with the reader's Acquire spin.
-  release.store(true, std::memory_order_release);
-  reader.join();
+  reader.release();
   EXPECT_TRUE(gt::eventually([&] { return d.gp_elapsed(cookie); }, 5s))
       << "request_gp() did not lead to a grace period";
 }
@@ -1186,24 +1175,16 @@ TEST(Domain, AThreadThatRetiresDuringAnotherThreadsBackPressureWaitWaitsWithIt) 
   grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
                    .hard_limit_objects = kHard});
   gt::watchdog dog(kNoDeadlock, "two retiring threads under back-pressure");
-  std::atomic<bool> stalled{false};
-  std::atomic<bool> release{false};
   // Holds a read section so that nothing can be reclaimed until the first thread waits.
-  std::thread staller([&] {
-    auto g = grace::pin();
-    // Release/Acquire (stalled, release): only sequence the steps.
-    stalled.store(true, std::memory_order_release);
-    while (!release.load(std::memory_order_acquire)) std::this_thread::yield();
-  });
-  while (!stalled.load(std::memory_order_acquire)) std::this_thread::yield();
+  gt::guard_holder staller;
+  staller.start();
   std::thread first([&] {
     for (std::size_t i = 0; i < kFirst; ++i) {
       d.retire(new gt::tracked(tracker, i), &delete_tracked_slowly);
     }
   });
   while (d.stats().backpressure_waits == 0) std::this_thread::sleep_for(100us);
-  release.store(true, std::memory_order_release);
-  staller.join();
+  staller.release();
   // The slow deleters bring the backlog under the hard limit long before the soft one
   // (~10 ms a block): retire while it is between them, far enough under the hard limit that
   // this thread's blocks (and the shard's open one) cannot take it past: no threshold alone

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "grace/reclaim/detail/cpu.h"
+#include "grace/reclaim/read_guard.h"
 
 namespace grace::testing {
 
@@ -60,6 +61,30 @@ watchdog::~watchdog() {
   }
   done_cv_.notify_one();
   thread_.join();
+}
+
+void guard_holder::start() {
+  thread_ = std::thread([this] {
+    auto g = grace::pin();
+    // Release: the guard is held; pairs with the Acquire load below.
+    inside_.store(true, std::memory_order_release);
+    // Acquire: pairs with the Release store in release().
+    while (!leave_.load(std::memory_order_acquire)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  // Acquire: the thread is inside its read section; pairs with the Release store above.
+  while (!inside_.load(std::memory_order_acquire)) std::this_thread::yield();
+}
+
+void guard_holder::release() {
+  // Release: lets the thread leave; pairs with the Acquire load in its loop.
+  leave_.store(true, std::memory_order_release);
+  thread_.join();
+}
+
+guard_holder::~guard_holder() {
+  if (thread_.joinable()) release();
 }
 
 bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {

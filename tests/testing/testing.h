@@ -14,6 +14,7 @@
 //   - watchdog: aborts the test binary with a message if a scope does not finish in time
 //     (turns a deadlock into a failure that names what hung).
 //   - eventually(): polls a condition until it holds or a timeout passes.
+//   - guard_holder: a thread that holds a read section until released.
 //   - failing_allocator: a grace::system_allocator that fails the Nth allocation, or every
 //     allocation while a flag is set, and counts what is live.
 //   - mapping_allocator: a grace::system_allocator that never calls malloc (fork tests).
@@ -160,6 +161,24 @@ class watchdog {
 // Polls `condition` (every ~1 ms) until it returns true or `timeout` passes; returns its last
 // value. For conditions that must come true eventually, not for ordering.
 bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
+
+// A thread that holds a read_guard from start() until release() (or destruction): no grace
+// period that begins after start() returns can end before release().
+class guard_holder {
+ public:
+  guard_holder() = default;
+  guard_holder(const guard_holder&) = delete;
+  guard_holder& operator=(const guard_holder&) = delete;
+  ~guard_holder();
+
+  void start();    // returns once the thread is inside its read section
+  void release();  // lets it leave, and joins it
+
+ private:
+  std::thread thread_;
+  std::atomic<bool> inside_{false};
+  std::atomic<bool> leave_{false};
+};
 
 // ---------------------------------------------------------------------------------------------
 // A system_allocator that fails on demand.
