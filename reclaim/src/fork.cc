@@ -43,8 +43,10 @@
 //     std::thread objects are constructed over them and the threads started again.
 //   - Counters a dead thread may have left behind: emergency_outstanding_ (recounted from
 //     the postponed reclaims the child adopts, see thread_registry.cc), progress_waiters_,
-//     backpressure_episode_, the sleeping flags: reset in the child. Tickets (gp_.started/completed) are changed
-//     only inside the gate. Statistics may be off by what was in flight.
+//     the sleeping flags: reset in the child. Tickets (gp_.started/completed) are changed
+//     only inside the gate. The pending counts are recounted from what the child holds
+//     (back-pressure waits for them to fall); other statistics may be off by what was in
+//     flight.
 //
 // In flight at the copy and so lost in the child (the parent is unaffected): an object whose
 // retire() call had not returned (its thread was between taking a block of its own and
@@ -222,7 +224,7 @@ void child_after_fork() noexcept {
   fork_generation = generation + 1;
   for (std::size_t i = 0; i < adopted_count; ++i) {
     const adopted_reclaim& a = adopted[i];
-    a.engine->reclaim_adopted_after_fork_child(a.object, a.deleter, a.bytes);
+    a.engine->reclaim_adopted_after_fork_child(a.object, a.deleter);
   }
   std::free(adopted);
 }
@@ -391,14 +393,14 @@ void reclaim_engine::reset_after_fork_child(std::uint32_t generation) noexcept {
   reclaim_queue_.store(drop_barrier_markers(reclaim_queue_.load(std::memory_order_relaxed)),
                        std::memory_order_relaxed);
   worker_backlog_ = drop_barrier_markers(worker_backlog_);
+  recount_pending_after_fork_child();
   gp_sleeping_.store(false, std::memory_order_relaxed);
   worker_sleeping_.store(false, std::memory_order_relaxed);
   progress_waiters_.store(0, std::memory_order_relaxed);
-  backpressure_episode_.store(false, std::memory_order_relaxed);  // its waiters are gone
   // Only the forking thread exists, and it holds no read_guard, so it owes no deferred work.
   deferred_users_.store(0, std::memory_order_relaxed);
   // Threads that had postponed reclaims are gone; the child adopts their lists instead and
-  // runs them at once (child_after_fork), without counting them here.
+  // runs them at once (child_after_fork), counted as reclaimed already (above).
   emergency_outstanding_.store(0, std::memory_order_relaxed);
   // The restored open blocks are drained on the usual schedule.
   open_blocks_possible_.store(true, std::memory_order_relaxed);
@@ -407,6 +409,29 @@ void reclaim_engine::reset_after_fork_child(std::uint32_t generation) noexcept {
   // would look for them (a std::thread holds nothing but the handle).
   new (&gp_thread_) std::thread();
   new (&worker_thread_) std::thread();
+}
+
+void reclaim_engine::recount_pending_after_fork_child() noexcept {
+  // Objects whose retire() or postponed reclaim another thread was in the middle of at the
+  // copy are counted as retired, and never reclaimed here. Count every retired object as
+  // reclaimed but those the child's blocks hold (barrier markers are dropped already), so
+  // that back-pressure, which waits for the backlog to fall, waits only for what can.
+  // Relaxed: the child has one thread (this one).
+  std::uint64_t held_objects = 0;
+  std::uint64_t held_bytes = 0;
+  for (batch_node* chain : {submitted_.load(std::memory_order_relaxed),
+                            reclaim_queue_.load(std::memory_order_relaxed), worker_backlog_}) {
+    for (batch_node* node = chain; node != nullptr; node = node->next) {
+      const auto* block = static_cast<const retire_block*>(node);
+      held_objects += block->count;
+      held_bytes += block->bytes;
+    }
+  }
+  // Every held block was counted before it was pushed: retired >= reclaimed + held.
+  reclaimed_objects_.store(retired_objects_.load(std::memory_order_relaxed) - held_objects,
+                           std::memory_order_relaxed);
+  reclaimed_bytes_.store(retired_bytes_.load(std::memory_order_relaxed) - held_bytes,
+                         std::memory_order_relaxed);
 }
 
 void reclaim_engine::restart_after_fork_child() noexcept {
@@ -422,16 +447,13 @@ void reclaim_engine::restart_after_fork_child() noexcept {
   }
 }
 
-void reclaim_engine::reclaim_adopted_after_fork_child(void* object, void (*deleter)(void*),
-                                                      std::size_t bytes) noexcept {
+void reclaim_engine::reclaim_adopted_after_fork_child(void* object,
+                                                      void (*deleter)(void*)) noexcept {
   // No grace period needed: the object was retired inside a read section of a thread that
   // does not exist here, and the only thread that does (this one) holds no read_guard.
-  {
-    deleter_scope running;
-    deleter(object);
-  }
-  reclaimed_objects_.fetch_add(1, std::memory_order_relaxed);
-  reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  // Counted as reclaimed already: see recount_pending_after_fork_child().
+  deleter_scope running;
+  deleter(object);
 }
 
 }  // namespace grace::detail

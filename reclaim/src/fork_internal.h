@@ -59,7 +59,6 @@ struct adopted_reclaim {
   reclaim_engine* engine;
   void* object;
   void (*deleter)(void*);
-  std::size_t bytes;
 };
 
 // thread_registry.cc. In the child, before any thread is created there (a new thread may

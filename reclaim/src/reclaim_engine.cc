@@ -31,7 +31,7 @@ std::int64_t coarse_now_ns() noexcept {
 }
 
 // How long a back-pressure or emergency waiter sleeps between checks of its condition; the
-// worker wakes it sooner on progress.
+// worker wakes a back-pressure waiter sooner, once the backlog is under the soft limits.
 constexpr std::chrono::milliseconds kRecheckInterval{1};
 
 // retire() calls made by deleters, in every domain, published after each deleter returned.
@@ -188,9 +188,10 @@ void reclaim_engine::check_limits_after_submit() noexcept {
   const std::uint64_t bytes = pending_bytes();
   if (objects <= options.soft_limit_objects && bytes <= options.soft_limit_bytes) return;
   request_flush();
-  // Relaxed: a hint (see backpressure_episode_); the hard limits alone bound the backlog.
+  // A thread waits past the hard limits, or while another waits (see progress_waiters_).
+  // Relaxed: a hint; the hard limits alone bound the backlog.
   if (objects <= options.hard_limit_objects && bytes <= options.hard_limit_bytes &&
-      !backpressure_episode_.load(std::memory_order_relaxed)) {
+      progress_waiters_.load(std::memory_order_relaxed) == 0) {
     return;
   }
   // A deleter must never wait: on the worker it would wait for itself.
@@ -544,7 +545,7 @@ void reclaim_engine::reclaim_block(retire_block* block) noexcept {
   reclaimed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   // SeqCst: Dekker pair with backpressure_wait()'s waiter count and progress load.
   progress_.fetch_add(1, std::memory_order_seq_cst);
-  // SeqCst: as above. Waiters wait for the soft limits: wake them once, when they are met.
+  // SeqCst: as above. Waiters wait for the soft limits: wake them only once those are met.
   if (progress_waiters_.load(std::memory_order_seq_cst) != 0 && !over_soft_limit()) {
     futex_wake_all(progress_);
   }
@@ -589,15 +590,14 @@ void reclaim_engine::deallocate_block(retire_block* block) noexcept {
 
 void reclaim_engine::backpressure_wait() noexcept {
   backpressure_waits_.fetch_add(1, std::memory_order_relaxed);
-  // Relaxed: a hint that recruits other retiring threads into the wait.
-  backpressure_episode_.store(true, std::memory_order_relaxed);
+  // SeqCst: Dekker pair with reclaim_block()'s progress bump and waiter-count load. Before
+  // the grace period, so that threads submitting meanwhile join the wait.
+  progress_waiters_.fetch_add(1, std::memory_order_seq_cst);
   request_flush();
   // The waiting thread pays for a grace period itself: on a busy machine the GP thread may
   // not get a core, and the worker can then take the blocks without waiting for one
   // (process_batch sees their cookies elapsed).
   run_grace_period();
-  // SeqCst: Dekker pair with reclaim_block()'s progress bump and waiter-count load.
-  progress_waiters_.fetch_add(1, std::memory_order_seq_cst);
   // Down to the soft limits, not just under the hard ones: one wait per episode instead of
   // one per block the worker frees, each with a grace period and two futex calls.
   while (over_soft_limit() && !stopping_.load(std::memory_order_relaxed)) {
@@ -606,11 +606,9 @@ void reclaim_engine::backpressure_wait() noexcept {
     if (!over_soft_limit()) break;
     futex_wait(progress_, seen, kRecheckInterval);
   }
-  // Relaxed: the count only gates wake-ups; a stale non-zero costs one spare syscall.
+  // Relaxed: the count gates wake-ups and recruits; a stale non-zero costs one spare
+  // syscall, or one thread a wait it would have joined a moment earlier.
   progress_waiters_.fetch_sub(1, std::memory_order_relaxed);
-  // Relaxed: a hint. Clearing a flag another waiter has just set only spares the threads it
-  // would have recruited until they cross the hard limits themselves.
-  backpressure_episode_.store(false, std::memory_order_relaxed);
 }
 
 void reclaim_engine::emergency_reclaim(void* object, void (*deleter)(void*),

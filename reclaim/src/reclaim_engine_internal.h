@@ -67,8 +67,7 @@ class reclaim_engine {
   // start new threads, run a reclamation a dead thread had postponed.
   void reset_after_fork_child(std::uint32_t generation) noexcept;
   void restart_after_fork_child() noexcept;
-  void reclaim_adopted_after_fork_child(void* object, void (*deleter)(void*),
-                                        std::size_t bytes) noexcept;
+  void reclaim_adopted_after_fork_child(void* object, void (*deleter)(void*)) noexcept;
   // Links in the list of live engines (fork.cc), under that list's mutex.
   reclaim_engine* fork_prev_ = nullptr;
   reclaim_engine* fork_next_ = nullptr;
@@ -94,6 +93,8 @@ class reclaim_engine {
   bool track_request(request_timer& timer,
                      std::chrono::steady_clock::time_point now) const noexcept;
   bool over_soft_limit() const noexcept;
+  // Child of fork(): pending = what the child's blocks hold (reset_after_fork_child()).
+  void recount_pending_after_fork_child() noexcept;
   std::uint64_t pending_objects() const noexcept;
   std::uint64_t pending_bytes() const noexcept;
 
@@ -127,12 +128,10 @@ class reclaim_engine {
   std::atomic<bool> gp_thread_done_{false};
   // Bumped after every reclaimed block; back-pressure waiters sleep on it.
   std::atomic<std::uint32_t> progress_{0};
+  // Threads in backpressure_wait(). While there is one, every thread that submits a block
+  // with the backlog over the soft limits joins the wait: the waiter waits for the soft
+  // limits, and a thread that kept the backlog between the limits would starve it.
   std::atomic<std::uint32_t> progress_waiters_{0};
-  // True from when a retiring thread crosses a hard limit until its wait has brought the
-  // backlog under the soft limits (a back-pressure episode). Every thread that submits a
-  // block meanwhile joins the wait: otherwise one that keeps the backlog between the limits
-  // would starve the waiter, which waits for the soft limits. Relaxed: a hint.
-  std::atomic<bool> backpressure_episode_{false};
 
   alignas(64) std::atomic<std::uint64_t> retired_objects_{0};
   std::atomic<std::uint64_t> retired_bytes_{0};

@@ -251,7 +251,7 @@ adopted_reclaim* forget_other_threads_after_fork_child(std::size_t& count) noexc
       const deferred_work& work = *r->deferred;
       for (unsigned i = 0; adopted != nullptr && i < work.reclaim_count; ++i) {
         const deferred_reclaim& d = work.reclaims[i];
-        adopted[count++] = adopted_reclaim{d.engine, d.object, d.deleter, d.bytes};
+        adopted[count++] = adopted_reclaim{d.engine, d.object, d.deleter};
       }
       // What urcu_bp_after_fork_child() does for urcu-bp (urcu_bp_prune_registry): the dead
       // thread leaves liburcu's registry, so no grace period waits for it, and nothing points

@@ -1166,40 +1166,68 @@ TEST(Domain, ABackPressureWaitLastsUntilTheBacklogIsUnderTheSoftLimit) {
   EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
 }
 
+// Deleters that run only as far as the test lets them: each takes a permit, and waits while
+// there is none. The worker is their only caller, so taking one needs no compare-exchange.
+std::atomic<std::uint64_t> deleter_permits{0};
+constexpr std::uint64_t kUnlimited = std::uint64_t{1} << 62;
+void delete_tracked_when_permitted(void* object) {
+  // Acquire: pairs with the Release grant (only sequences the test's steps).
+  while (deleter_permits.load(std::memory_order_acquire) == 0) std::this_thread::sleep_for(50us);
+  deleter_permits.fetch_sub(1, std::memory_order_relaxed);  // Relaxed: a count, one taker
+  delete static_cast<gt::tracked*>(object);
+}
+
 TEST(Domain, AThreadThatRetiresDuringAnotherThreadsBackPressureWaitWaitsWithIt) {
   constexpr std::size_t kSoft = 1024;
   constexpr std::size_t kHard = 4096;
   constexpr std::size_t kFirst = kHard + 4 * kCapacity;  // crosses the hard limit
   constexpr std::size_t kSecond = 2 * kCapacity;         // submits at least one block
   gt::instance_tracker tracker(kFirst + kSecond);
+  deleter_permits.store(0, std::memory_order_relaxed);  // Relaxed: no deleter runs yet
   grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
                    .hard_limit_objects = kHard});
   gt::watchdog dog(kNoDeadlock, "two retiring threads under back-pressure");
-  // Holds a read section so that nothing can be reclaimed until the first thread waits.
-  gt::guard_holder staller;
-  staller.start();
-  std::thread first([&] {
-    for (std::size_t i = 0; i < kFirst; ++i) {
-      d.retire(new gt::tracked(tracker, i), &delete_tracked_slowly);
+  const auto retire_range = [&](std::size_t first, std::size_t last) {
+    for (std::size_t i = first; i < last; ++i) {
+      d.retire(new gt::tracked(tracker, i), &delete_tracked_when_permitted);
     }
-  });
-  while (d.stats().backpressure_waits == 0) std::this_thread::sleep_for(100us);
-  staller.release();
-  // The slow deleters bring the backlog under the hard limit long before the soft one
-  // (~10 ms a block): retire while it is between them, far enough under the hard limit that
-  // this thread's blocks (and the shard's open one) cannot take it past: no threshold alone
-  // would stop this thread.
-  while (d.stats().pending_objects > kHard - kSecond - kCapacity) {
-    std::this_thread::sleep_for(100us);
+  };
+  std::atomic<bool> second_returned{false};
+  std::thread first;
+  std::thread second;
+  {
+    // Whatever fails below, the deleters run before the threads are joined.
+    const struct open_gate {
+      // Release: as the grant below.
+      ~open_gate() { deleter_permits.store(kUnlimited, std::memory_order_release); }
+    } open_at_scope_end;
+    // No deleter runs yet: the first thread crosses the hard limit and waits.
+    first = std::thread(retire_range, 0, kFirst);
+    while (d.stats().backpressure_waits == 0) std::this_thread::sleep_for(100us);
+    // Let the worker bring the backlog between the limits (it reclaims whole blocks: to
+    // within a block of `target`), low enough under the hard limit that the second thread's
+    // blocks, and the shard's open one, cannot take it past: no threshold alone would stop
+    // the second thread.
+    constexpr std::uint64_t target = (kSoft + kHard - kSecond - kCapacity) / 2;
+    // Release: the grant; pairs with the deleters' Acquire load.
+    deleter_permits.fetch_add(d.stats().pending_objects - target, std::memory_order_release);
+    EXPECT_TRUE(gt::eventually(
+        [&] { return d.stats().pending_objects <= target + kCapacity; }, 5s))
+        << "the first thread went on retiring before the backlog was under the soft limit";
+    EXPECT_GT(d.stats().pending_objects, kSoft) << "the worker reclaimed more than allowed";
+    second = std::thread([&] {
+      retire_range(kFirst, kFirst + kSecond);
+      // Release: pairs with the Acquire load below (only sequences the steps).
+      second_returned.store(true, std::memory_order_release);
+    });
+    EXPECT_TRUE(gt::eventually([&] { return d.stats().backpressure_waits >= 2; }, 5s))
+        << "the second thread did not join the first one's wait";
+    // Acquire: as above.
+    EXPECT_FALSE(second_returned.load(std::memory_order_acquire))
+        << "the second thread retired past a wait it should have joined";
   }
-  ASSERT_GT(d.stats().pending_objects, kSoft) << "the backlog drained faster than expected";
-  for (std::size_t i = kFirst; i < kFirst + kSecond; ++i) {
-    d.retire(new gt::tracked(tracker, i), &delete_tracked_slowly);
-  }
-  // The first thread waits once: after its wait the backlog is under the soft limit, and its
-  // last few blocks cannot take it past the hard one again.
-  EXPECT_GE(d.stats().backpressure_waits, 2u) << "the second thread never joined the wait";
   first.join();
+  second.join();
   d.barrier();
   EXPECT_TRUE(tracker.each_destroyed_once(0, kFirst + kSecond));
 }

@@ -255,6 +255,61 @@ TEST(DomainFork, TheChildReclaimsWhatAThreadPostponedToTheEndOfItsReadSection) {
 }
 #endif
 
+#if !GRACE_TESTING_TSAN  // see above: the child starts threads
+// A deleter that runs until the test lets it return: the parent forks while a thread is in it.
+std::atomic<bool> held_deleter_running{false};
+std::atomic<bool> held_deleter_may_return{false};
+void held_deleter(void*) noexcept {
+  // Release/Acquire (both flags): only sequence the test's steps.
+  held_deleter_running.store(true, std::memory_order_release);
+  while (!held_deleter_may_return.load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(1ms);
+  }
+}
+void ignore_object(void*) noexcept {}
+
+TEST(DomainFork, AChildsBackPressureWaitEndsThoughAnObjectWasBeingReclaimedAtTheFork) {
+  // No memory for a retire block: retire() outside a read section runs a grace period and
+  // then the deleter on its own thread (the emergency path). A thread is inside that deleter
+  // at the fork: in the child its object stays retired and is never reclaimed, and its bytes
+  // are over the soft limit. A back-pressure wait in the child waits for the backlog to fall
+  // under the soft limit: it must not wait for that object.
+  constexpr std::size_t kSoftBytes = 100;
+  constexpr std::size_t kHardBytes = std::size_t{1} << 20;
+  gt::failing_allocator memory;
+  grace::domain d({.drain_interval = 10s, .soft_limit_bytes = kSoftBytes,
+                   .hard_limit_bytes = kHardBytes, .allocator = memory.get()});
+  grace::domain::global().barrier();  // idle: no grace period in flight at the fork
+  static std::uint8_t in_flight;
+  memory.fail_all(true);
+  std::thread reclaimer([&] { d.retire(&in_flight, &held_deleter, 10 * kSoftBytes); });
+  while (!held_deleter_running.load(std::memory_order_acquire)) std::this_thread::sleep_for(1ms);
+  memory.fail_all(false);
+
+  int status;
+  {
+    gt::watchdog dog(kNoDeadlock, "fork() while a thread runs an emergency deleter");
+    status = gt::run_in_child(
+        [&] {
+          static std::uint8_t past_the_hard_limit;
+          // Crosses the hard limit: returns once the child's worker has reclaimed it and
+          // the backlog is under the soft limit.
+          d.retire(&past_the_hard_limit, &ignore_object, 2 * kHardBytes);
+          return check(d.stats().backpressure_waits >= 1
+                           ? ::testing::AssertionSuccess()
+                           : ::testing::AssertionFailure() << "retire() did not wait",
+                       1, "back-pressure in the child");
+        },
+        /*alarm_seconds=*/20);
+  }
+  held_deleter_may_return.store(true, std::memory_order_release);
+  reclaimer.join();
+  EXPECT_TRUE(gt::exited_cleanly(status)) << "SIGALRM: the child's wait never ended";
+  d.barrier();
+  EXPECT_EQ(d.stats().pending_bytes, 0u);
+}
+#endif
+
 // --- another thread retiring at the fork ----------------------------------------------------
 
 #if !GRACE_TESTING_TSAN  // see above: the child starts threads

@@ -26,7 +26,7 @@
 //   - Updates take no lock, but one may wait for a grace period: the update that leaves its
 //     CPU with pool_options::caller_gp_threshold elements waiting for reuse runs one (0
 //     turns that off), a shrink waits for some (shrink_load_factor 0 turns shrinking off),
-//     and so does a retire() past its domain's hard limits. A grace period waits for every
+//     and so does a retire() under its domain's back-pressure. A grace period waits for every
 //     read section in the process, so a thread must not wait for another thread's update
 //     while it holds one (a pin(), a guard, a callback of visit, for_each, update or
 //     erase_if): each would wait for the other.

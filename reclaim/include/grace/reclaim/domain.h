@@ -28,7 +28,9 @@
 //   - synchronize(): one full grace period; it is never queued behind reclamation work.
 //   - Pending memory is bounded: above the soft limits the engine drains at once; above the
 //     hard limits a retiring thread waits (outside its read sections) until the backlog
-//     falls back under the soft limits, and every thread that retires meanwhile waits too.
+//     falls back under the soft limits, and meanwhile so does every thread whose retire()
+//     hands the engine a block while the backlog is over them. So any retire() may wait:
+//     never call it holding a lock that a deleter of the same domain takes.
 //
 // fork() (without exec()) is supported; the child keeps using every domain it inherited.
 // Rules (details in reclaim/README.md, "fork()"):
@@ -79,8 +81,8 @@ struct domain_options {
   std::size_t soft_limit_objects = std::size_t{1} << 15;
   std::size_t soft_limit_bytes = std::size_t{64} << 20;
   // Above these, a retiring thread waits, outside its read sections, until the backlog is
-  // back under the soft limits (back-pressure); every thread that hands the engine a block
-  // meanwhile waits with it. Must be >= the soft limits: raise them with the soft limits.
+  // back under the soft limits (back-pressure); a thread that hands the engine a block over
+  // the soft limits meanwhile waits with it. Must be >= the soft limits: raise them together.
   std::size_t hard_limit_objects = std::size_t{1} << 17;
   std::size_t hard_limit_bytes = std::size_t{256} << 20;
   // How long the engine lets a request_gp() wait before running the grace period itself.
@@ -97,9 +99,10 @@ struct domain_options {
   // liburcu folds into the GP thread's grace period waits while that thread waits behind the
   // worker. 19 makes freeing background work that grace periods never wait behind; under a
   // flood the backlog then reaches the hard limits, and back-pressure makes the retiring
-  // threads wait for the starved worker (reclaim/README.md, "Freeing as background work"). The worker starts at the nice value of the thread that creates the
-  // domain (after fork(), of the forking thread); 0 keeps that one, whatever it is, and a
-  // higher value raises it to this if it is lower. Never lowered: that needs CAP_SYS_NICE.
+  // threads wait for the starved worker (reclaim/README.md, "Freeing as background work").
+  // The worker starts at the nice value of the thread that creates the domain (after
+  // fork(), of the forking thread); 0 keeps that one, whatever it is, and a higher value
+  // raises it to this if it is lower. Never lowered: that needs CAP_SYS_NICE.
   int worker_nice = 0;
   // Where retire blocks come from; failing allocations take the emergency path.
   system_allocator allocator{};
