@@ -1069,13 +1069,17 @@ TEST(Domain, ConcurrentSynchronizeCallsAllWaitForAnEarlierReader) {
   });
 }
 
+// The back-pressure tests' domain: limits a test reaches in a few thousand objects.
+constexpr std::size_t kSoft = 1024;
+constexpr std::size_t kHard = 4096;
+grace::domain_options small_limits() {
+  return {.drain_interval = 1ms, .soft_limit_objects = kSoft, .hard_limit_objects = kHard};
+}
+
 TEST(Domain, RetirePastTheHardLimitInsideAReadSectionReturnsAndWaitsAtTheGuardsEnd) {
-  constexpr std::size_t kSoft = 1024;
-  constexpr std::size_t kHard = 4096;
   constexpr std::size_t kObjects = 4 * kHard;
   gt::instance_tracker tracker(kObjects);
-  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
-                   .hard_limit_objects = kHard});
+  grace::domain d(small_limits());
   {
     gt::watchdog dog(kNoDeadlock, "retire() past the hard limit inside a read section");
     {
@@ -1095,12 +1099,9 @@ TEST(Domain, RetirePastTheHardLimitInsideAReadSectionReturnsAndWaitsAtTheGuardsE
 }
 
 TEST(Domain, RetirePastTheHardLimitWaitsUntilTheBacklogDrains) {
-  constexpr std::size_t kSoft = 1024;
-  constexpr std::size_t kHard = 4096;
   constexpr std::size_t kObjects = 4 * kHard;
   gt::instance_tracker tracker(kObjects);
-  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
-                   .hard_limit_objects = kHard});
+  grace::domain d(small_limits());
   std::atomic<bool> inside{false};
   std::atomic<bool> retiring{false};
   std::atomic<bool> leaving{false};
@@ -1143,12 +1144,9 @@ void delete_tracked_slowly(void* object) {
 }
 
 TEST(Domain, ABackPressureWaitLastsUntilTheBacklogIsUnderTheSoftLimit) {
-  constexpr std::size_t kSoft = 1024;
-  constexpr std::size_t kHard = 4096;
   constexpr std::size_t kObjects = 3 * kHard;
   gt::instance_tracker tracker(kObjects);
-  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
-                   .hard_limit_objects = kHard});
+  grace::domain d(small_limits());
   gt::watchdog dog(kNoDeadlock, "retire() against slow deleters");
   std::uint64_t waits_seen = 0;
   for (std::size_t i = 0; i < kObjects; ++i) {
@@ -1178,14 +1176,11 @@ void delete_tracked_when_permitted(void* object) {
 }
 
 TEST(Domain, AThreadThatRetiresDuringAnotherThreadsBackPressureWaitWaitsWithIt) {
-  constexpr std::size_t kSoft = 1024;
-  constexpr std::size_t kHard = 4096;
   constexpr std::size_t kFirst = kHard + 4 * kCapacity;  // crosses the hard limit
   constexpr std::size_t kSecond = 2 * kCapacity;         // submits at least one block
   gt::instance_tracker tracker(kFirst + kSecond);
   deleter_permits.store(0, std::memory_order_relaxed);  // Relaxed: no deleter runs yet
-  grace::domain d({.drain_interval = 1ms, .soft_limit_objects = kSoft,
-                   .hard_limit_objects = kHard});
+  grace::domain d(small_limits());
   gt::watchdog dog(kNoDeadlock, "two retiring threads under back-pressure");
   const auto retire_range = [&](std::size_t first, std::size_t last) {
     for (std::size_t i = first; i < last; ++i) {
