@@ -206,7 +206,7 @@ class hash_map {
   ~hash_map() {
     check_unused();
     check_not_in_read_section();
-    release_all(/*destroying=*/true);
+    destroy_all();
   }
 
   hash_map(const hash_map&) = delete;
@@ -475,7 +475,7 @@ class hash_map {
   void clear() {
     check_not_in_retried_callback();
     list_.drop_reservation();
-    release_all(/*destroying=*/false);
+    erase_all();
     // One update of many elements, or none (an empty map that only had a reservation):
     // look at the load factor now, not at the next scheduled look.
     list_.resize_if_due();
@@ -885,14 +885,9 @@ class hash_map {
     }
   }
 
-  // clear() and the destructor.
-  void release_all(bool destroying) {
-    if (destroying && kTrivialNode) {
-      // Nobody can see an element any more: the pool releases them wholesale with its
-      // chunks instead of walking a list of cache misses.
-      pool_.forget_allocated();
-      return;
-    }
+  // clear(): erases every element present during one walk, then waits for the grace periods
+  // their reclamation needs (outside a read section).
+  void erase_all() {
     std::int64_t erased = 0;
     // However the walk ends (Hash or KeyEqual may throw), the count reflects what it erased.
     struct count_erased {
@@ -909,16 +904,25 @@ class hash_map {
       while (detail::list_node* cur = detail::node_of(link)) {
         link = cur->next.load(std::memory_order_acquire);  // Acquire (M2): as above.
         if (detail::is_dummy(cur) || detail::is_marked(link)) continue;
-        node* element = static_cast<node*>(cur);
-        if (destroying) {
-          element->~node();
-          pool_.deallocate(element);
-        } else if (erase_element(element)) {
-          ++erased;
-        }
+        if (erase_element(static_cast<node*>(cur))) ++erased;
       }
     }
-    if (!destroying && !in_read_section()) domain_.barrier();
+    if (!in_read_section()) domain_.barrier();
+  }
+
+  // ~hash_map(): nobody can see an element any more, so the pool releases them wholesale
+  // with its chunks, none handed back one by one. Elements with a destructor get it first,
+  // in one walk.
+  void destroy_all() noexcept {
+    if constexpr (!kTrivialNode) {
+      // Relaxed: the destructor's thread is the only one using the map.
+      std::uintptr_t link = list_.head()->next.load(std::memory_order_relaxed);
+      while (detail::list_node* cur = detail::node_of(link)) {
+        link = cur->next.load(std::memory_order_relaxed);  // read before the node dies
+        if (!detail::is_dummy(cur) && !detail::is_marked(link)) static_cast<node*>(cur)->~node();
+      }
+    }
+    pool_.forget_allocated();
   }
 
   // clear(): erases one element found by a walk.
