@@ -8,16 +8,22 @@
 //     struct thread_scope;                          // per-thread setup (liburcu registration)
 //     class batch_scope;                            // RAII: one read section around a batch
 //                                                   // of operations (RCU maps); else nothing
+//     using value_type;                             // value64 or std::string (map_value.h)
 //     explicit some_map(std::size_t capacity_hint);
-//     bool insert(std::uint64_t key, const value64& value);   // if absent; true if inserted
-//     bool upsert(std::uint64_t key, const value64& value);   // insert_or_assign (BPF_ANY);
-//                                                             // true if inserted
-//     bool erase(std::uint64_t key);                          // true if erased
-//     template <class F> bool visit(std::uint64_t key, F f);  // f(const value64&) in place,
-//                                                             // under the map's read
-//                                                             // protection; false if absent
+//     bool insert(std::uint64_t key, value_arg<value_type> value);  // if absent; true if
+//                                                                   // inserted
+//     bool upsert(std::uint64_t key, value_arg<value_type> value);  // insert_or_assign
+//                                                                   // (BPF_ANY); true if
+//                                                                   // inserted
+//     bool erase(std::uint64_t key);                            // true if erased
+//     template <class F> bool visit(std::uint64_t key, F f);    // f(const value_type&) in
+//                                                               // place, under the map's read
+//                                                               // protection; false if absent
 //     static void release_cached_memory();  // after destruction: give cached memory back
 //   };
+//
+// Each adapter is a template on the value type (some_map_of<Value>); some_map names the
+// value64 one.
 //
 // Every operation of a map, including its constructor and destructor, runs on a thread that
 // holds the map's thread_scope (cds_lfht needs registered threads for everything, including
@@ -29,11 +35,12 @@
 // increment; cds_lfht's skip their own urcu_memb_read_lock(), as a cds_lfht caller holding
 // the lock around a batch would write them. The other maps take no read section at all.
 //
-// Peers:
-//   grace        grace::hash_map<uint64_t, value64>, default options (global domain);
+// Peers (Value: value64, or std::string with --value string):
+//   grace        grace::hash_map<uint64_t, Value>, default options (global domain);
 //                reads through visit()
 //   cds_lfht     liburcu 0.13 rculfhash, urcu-memb flavor, AUTO_RESIZE | ACCOUNTING; malloc'd
-//                nodes embedding cds_lfht_node + rcu_head, freed through call_rcu();
+//                (new'd) nodes embedding cds_lfht_node + rcu_head, deleted through
+//                call_rcu();
 //                every operation under urcu_memb_read_lock() (its own, or its batch's:
 //                see batch_scope below); registered threads
 //   absl_sharded absl::flat_hash_map behind 64 absl::Mutex shards (readers take the shard
@@ -54,6 +61,9 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #include "grace/map/hash_map.h"
 #include "map/map_value.h"
@@ -73,10 +83,17 @@
 
 namespace grace::bench {
 
+// How the adapters take a value: a value that owns memory (std::string) by value, so a map
+// takes the caller's temporary without copying it; value64 by reference.
+template <class Value>
+using value_arg = std::conditional_t<std::is_trivially_copyable_v<Value>, const Value&, Value>;
+
 // --- grace -------------------------------------------------------------------------------
 
-class grace_map {
+template <class Value>
+class grace_map_of {
  public:
+  using value_type = Value;
   static constexpr const char* kName = "grace";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = true;
@@ -90,27 +107,33 @@ class grace_map {
     grace::read_guard guard_;
   };
 
-  explicit grace_map(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
+  explicit grace_map_of(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
 
-  bool insert(std::uint64_t key, const value64& value) { return map_.insert(key, value); }
-  bool upsert(std::uint64_t key, const value64& value) { return map_.insert_or_assign(key, value); }
+  bool insert(std::uint64_t key, value_arg<Value> value) {
+    return map_.insert(key, std::move(value));
+  }
+  bool upsert(std::uint64_t key, value_arg<Value> value) {
+    return map_.insert_or_assign(key, std::move(value));
+  }
   bool erase(std::uint64_t key) { return map_.erase(key); }
   template <class F>
   bool visit(std::uint64_t key, F f) const {
     return map_.visit(key, f);
   }
 
-  grace::hash_map<std::uint64_t, value64>& raw() { return map_; }
+  grace::hash_map<std::uint64_t, Value>& raw() { return map_; }
 
  private:
-  grace::hash_map<std::uint64_t, value64> map_;
+  grace::hash_map<std::uint64_t, Value> map_;
 };
 
 // --- cds_lfht ------------------------------------------------------------------------------
 
 #if GRACE_BENCH_HAVE_CDS_LFHT
-class cds_lfht_map {
+template <class Value>
+class cds_lfht_map_of {
  public:
+  using value_type = Value;
   static constexpr const char* kName = "cds_lfht";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = true;
@@ -138,7 +161,7 @@ class cds_lfht_map {
     batch_scope& operator=(const batch_scope&) = delete;
   };
 
-  explicit cds_lfht_map(std::size_t capacity_hint) {
+  explicit cds_lfht_map_of(std::size_t capacity_hint) {
     // Start liburcu's call_rcu worker now, not in the timed loop.
     (void)urcu_memb_get_default_call_rcu_data();
     const unsigned long init_size = std::bit_ceil(capacity_hint < 1 ? 1UL : capacity_hint);
@@ -151,7 +174,7 @@ class cds_lfht_map {
   // Requires a registered thread outside any read section: unlinks every node (call_rcu),
   // destroys the table, and waits for the callbacks so the memory is back before the next
   // measurement.
-  ~cds_lfht_map() {
+  ~cds_lfht_map_of() {
     cds_lfht_iter iter;
     urcu_memb_read_lock();
     cds_lfht_first(table_, &iter);
@@ -163,11 +186,11 @@ class cds_lfht_map {
     (void)cds_lfht_destroy(table_, nullptr);
     urcu_memb_barrier();
   }
-  cds_lfht_map(const cds_lfht_map&) = delete;
-  cds_lfht_map& operator=(const cds_lfht_map&) = delete;
+  cds_lfht_map_of(const cds_lfht_map_of&) = delete;
+  cds_lfht_map_of& operator=(const cds_lfht_map_of&) = delete;
 
   // Looks first (as a caller would), so a present key costs no malloc/free.
-  bool insert(std::uint64_t key, const value64& value) {
+  bool insert(std::uint64_t key, value_arg<Value> value) {
     const unsigned long hash = hash_of(key);
     lfht_node* fresh;
     cds_lfht_node* got;
@@ -176,17 +199,17 @@ class cds_lfht_map {
       cds_lfht_iter iter;
       cds_lfht_lookup(table_, hash, &match, &key, &iter);
       if (cds_lfht_iter_get_node(&iter) != nullptr) return false;
-      fresh = make_node(key, value);
+      fresh = make_node(key, std::move(value));
       got = cds_lfht_add_unique(table_, hash, &match, &key, &fresh->node);
     }
     if (got != &fresh->node) {
-      std::free(fresh);  // never published
+      delete fresh;  // never published
       return false;
     }
     return true;
   }
-  bool upsert(std::uint64_t key, const value64& value) {
-    lfht_node* fresh = make_node(key, value);
+  bool upsert(std::uint64_t key, value_arg<Value> value) {
+    lfht_node* fresh = make_node(key, std::move(value));
     const op_section section;
     cds_lfht_node* old = cds_lfht_add_replace(table_, hash_of(key), &match, &key, &fresh->node);
     if (old != nullptr) urcu_memb_call_rcu(&node_of(old)->head, &free_node);
@@ -207,7 +230,7 @@ class cds_lfht_map {
     cds_lfht_iter iter;
     cds_lfht_lookup(table_, hash_of(key), &match, &key, &iter);
     const cds_lfht_node* n = cds_lfht_iter_get_node(&iter);
-    if (n != nullptr) f(static_cast<const value64&>(node_of(n)->value));
+    if (n != nullptr) f(static_cast<const Value&>(node_of(n)->value));
     return n != nullptr;
   }
 
@@ -232,7 +255,7 @@ class cds_lfht_map {
     cds_lfht_node node;  // first: node_of() casts back
     rcu_head head;
     std::uint64_t key;
-    value64 value;
+    Value value;
   };
 
   static unsigned long hash_of(std::uint64_t key) { return absl::Hash<std::uint64_t>{}(key); }
@@ -242,17 +265,14 @@ class cds_lfht_map {
   static int match(cds_lfht_node* n, const void* key) {
     return node_of(n)->key == *static_cast<const std::uint64_t*>(key);
   }
-  static lfht_node* make_node(std::uint64_t key, const value64& value) {
-    auto* n = static_cast<lfht_node*>(std::malloc(sizeof(lfht_node)));
-    if (n == nullptr) throw std::bad_alloc();
+  static lfht_node* make_node(std::uint64_t key, value_arg<Value> value) {
+    auto* n = new lfht_node{{}, {}, key, std::move(value)};
     cds_lfht_node_init(&n->node);
-    n->key = key;
-    n->value = value;
     return n;
   }
   static void free_node(rcu_head* head) {
-    // container_of: head sits at a fixed offset in the malloc'd node.
-    std::free(reinterpret_cast<char*>(head) - offsetof(lfht_node, head));
+    // container_of: head sits at a fixed offset in the node.
+    delete reinterpret_cast<lfht_node*>(reinterpret_cast<char*>(head) - offsetof(lfht_node, head));
   }
 
   cds_lfht* table_ = nullptr;
@@ -261,8 +281,10 @@ class cds_lfht_map {
 
 // --- absl::flat_hash_map, sharded and single ----------------------------------------------
 
-class absl_sharded_map {
+template <class Value>
+class absl_sharded_map_of {
  public:
+  using value_type = Value;
   static constexpr const char* kName = "absl_sharded";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = false;
@@ -272,19 +294,19 @@ class absl_sharded_map {
   struct thread_scope {};
   struct batch_scope {};  // no read sections
 
-  explicit absl_sharded_map(std::size_t capacity_hint) : shards_(new shard[kShards]) {
+  explicit absl_sharded_map_of(std::size_t capacity_hint) : shards_(new shard[kShards]) {
     for (unsigned i = 0; i < kShards; ++i) shards_[i].map.reserve(capacity_hint / kShards);
   }
 
-  bool insert(std::uint64_t key, const value64& value) {
+  bool insert(std::uint64_t key, value_arg<Value> value) {
     shard& s = shard_of(key);
     absl::MutexLock lock(&s.mutex);
-    return s.map.try_emplace(key, value).second;
+    return s.map.try_emplace(key, std::move(value)).second;
   }
-  bool upsert(std::uint64_t key, const value64& value) {
+  bool upsert(std::uint64_t key, value_arg<Value> value) {
     shard& s = shard_of(key);
     absl::MutexLock lock(&s.mutex);
-    return s.map.insert_or_assign(key, value).second;
+    return s.map.insert_or_assign(key, std::move(value)).second;
   }
   bool erase(std::uint64_t key) {
     shard& s = shard_of(key);
@@ -297,14 +319,14 @@ class absl_sharded_map {
     absl::ReaderMutexLock lock(&s.mutex);
     auto it = s.map.find(key);
     if (it == s.map.end()) return false;
-    f(static_cast<const value64&>(it->second));
+    f(static_cast<const Value&>(it->second));
     return true;
   }
 
  private:
   struct alignas(64) shard {
     absl::Mutex mutex;
-    absl::flat_hash_map<std::uint64_t, value64> map;
+    absl::flat_hash_map<std::uint64_t, Value> map;
   };
   // The shard from a multiplicative hash's top bits, independent of the bits the shard's own
   // absl::Hash-based table uses for its slots.
@@ -315,8 +337,10 @@ class absl_sharded_map {
   std::unique_ptr<shard[]> shards_;
 };
 
-class absl_single_map {
+template <class Value>
+class absl_single_map_of {
  public:
+  using value_type = Value;
   static constexpr const char* kName = "absl_single";
   static constexpr bool kConcurrent = false;
   static constexpr bool kReadSections = false;
@@ -325,32 +349,34 @@ class absl_single_map {
   struct thread_scope {};
   struct batch_scope {};  // no read sections
 
-  explicit absl_single_map(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
+  explicit absl_single_map_of(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
 
-  bool insert(std::uint64_t key, const value64& value) {
-    return map_.try_emplace(key, value).second;
+  bool insert(std::uint64_t key, value_arg<Value> value) {
+    return map_.try_emplace(key, std::move(value)).second;
   }
-  bool upsert(std::uint64_t key, const value64& value) {
-    return map_.insert_or_assign(key, value).second;
+  bool upsert(std::uint64_t key, value_arg<Value> value) {
+    return map_.insert_or_assign(key, std::move(value)).second;
   }
   bool erase(std::uint64_t key) { return map_.erase(key) != 0; }
   template <class F>
   bool visit(std::uint64_t key, F f) const {
     auto it = map_.find(key);
     if (it == map_.end()) return false;
-    f(static_cast<const value64&>(it->second));
+    f(static_cast<const Value&>(it->second));
     return true;
   }
 
  private:
-  absl::flat_hash_map<std::uint64_t, value64> map_;
+  absl::flat_hash_map<std::uint64_t, Value> map_;
 };
 
 // --- oneTBB --------------------------------------------------------------------------------
 
 #if GRACE_BENCH_HAVE_TBB
-class tbb_map {
+template <class Value>
+class tbb_map_of {
  public:
+  using value_type = Value;
   static constexpr const char* kName = "tbb";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = false;
@@ -363,27 +389,29 @@ class tbb_map {
   struct thread_scope {};
   struct batch_scope {};  // no read sections
 
-  explicit tbb_map(std::size_t capacity_hint) : map_(capacity_hint) {}
+  explicit tbb_map_of(std::size_t capacity_hint) : map_(capacity_hint) {}
 
-  bool insert(std::uint64_t key, const value64& value) { return map_.emplace(key, value); }
+  bool insert(std::uint64_t key, value_arg<Value> value) {
+    return map_.emplace(key, std::move(value));
+  }
   // In place under the element's write lock (oneTBB's way; no allocation for a present key).
-  bool upsert(std::uint64_t key, const value64& value) {
-    table::accessor access;
+  bool upsert(std::uint64_t key, value_arg<Value> value) {
+    typename table::accessor access;
     const bool inserted = map_.insert(access, key);
-    access->second = value;
+    access->second = std::move(value);
     return inserted;
   }
   bool erase(std::uint64_t key) { return map_.erase(key); }
   template <class F>
   bool visit(std::uint64_t key, F f) const {
-    table::const_accessor access;
+    typename table::const_accessor access;
     if (!map_.find(access, key)) return false;
-    f(static_cast<const value64&>(access->second));
+    f(static_cast<const Value&>(access->second));
     return true;
   }
 
  private:
-  using table = oneapi::tbb::concurrent_hash_map<std::uint64_t, value64>;
+  using table = oneapi::tbb::concurrent_hash_map<std::uint64_t, Value>;
   table map_;
 };
 #endif
@@ -391,8 +419,10 @@ class tbb_map {
 // --- libcuckoo -----------------------------------------------------------------------------
 
 #if GRACE_BENCH_HAVE_LIBCUCKOO
-class libcuckoo_map {
+template <class Value>
+class libcuckoo_map_of {
  public:
+  using value_type = Value;
   static constexpr const char* kName = "libcuckoo";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = false;
@@ -401,19 +431,37 @@ class libcuckoo_map {
   struct thread_scope {};
   struct batch_scope {};  // no read sections
 
-  explicit libcuckoo_map(std::size_t capacity_hint) : map_(capacity_hint) {}
+  explicit libcuckoo_map_of(std::size_t capacity_hint) : map_(capacity_hint) {}
 
-  bool insert(std::uint64_t key, const value64& value) { return map_.insert(key, value); }
-  bool upsert(std::uint64_t key, const value64& value) { return map_.insert_or_assign(key, value); }
+  bool insert(std::uint64_t key, value_arg<Value> value) {
+    return map_.insert(key, std::move(value));
+  }
+  bool upsert(std::uint64_t key, value_arg<Value> value) {
+    return map_.insert_or_assign(key, std::move(value));
+  }
   bool erase(std::uint64_t key) { return map_.erase(key); }
   template <class F>
   bool visit(std::uint64_t key, F f) const {
-    return map_.find_fn(key, [&f](const value64& v) { f(v); });
+    return map_.find_fn(key, [&f](const Value& v) { f(v); });
   }
 
  private:
-  libcuckoo::cuckoohash_map<std::uint64_t, value64> map_;
+  libcuckoo::cuckoohash_map<std::uint64_t, Value> map_;
 };
+#endif
+
+// The value64 maps, by the names the rest of the tool uses.
+using grace_map = grace_map_of<value64>;
+#if GRACE_BENCH_HAVE_CDS_LFHT
+using cds_lfht_map = cds_lfht_map_of<value64>;
+#endif
+using absl_sharded_map = absl_sharded_map_of<value64>;
+using absl_single_map = absl_single_map_of<value64>;
+#if GRACE_BENCH_HAVE_TBB
+using tbb_map = tbb_map_of<value64>;
+#endif
+#if GRACE_BENCH_HAVE_LIBCUCKOO
+using libcuckoo_map = libcuckoo_map_of<value64>;
 #endif
 
 }  // namespace grace::bench

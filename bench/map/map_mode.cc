@@ -50,6 +50,11 @@
 //                    under one rcu_read_lock(); operation: one per operation (--read-sections
 //                    operation; always for lookup and mixed, whose operations stand alone);
 //                    none: a map without read sections (absl, oneTBB, libcuckoo)
+//   value            fixed64: 64-byte trivially copyable values (value64, the default);
+//                    string: the same 64 bytes in a std::string (--value string), so every
+//                    stored value owns heap memory, and grace's elements, which then have a
+//                    destructor, are retired through the domain rather than handed straight
+//                    back to the element pool (footprint and destroy rows carry it too)
 // footprint: resident_mib (RSS growth after filling), bytes_per_key. destroy: ns_per_element
 // and destroy_ms (the destructor, on a helper thread), fill_s, fill_mib, left_mib (RSS after
 // the destructor and malloc_trim, relative to before the map was built).
@@ -88,6 +93,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "map/map_adapters.h"
@@ -163,7 +169,14 @@ struct config {
   bool grace_stats = false;  // print grace's own counters per timed case to stderr
   // htab-mem cases: one read section per batch of 64 (the BPF program's), or per operation.
   bool batch_read_sections = true;
+  bool string_values = false;  // std::string values (--value string), not value64
 };
+
+const char* value_name(bool string_values) { return string_values ? "string" : "fixed64"; }
+template <class Map>
+const char* value_name_of() {
+  return value_name(std::is_same_v<typename Map::value_type, std::string>);
+}
 
 const char* read_sections_name(bool per_batch) { return per_batch ? "batch" : "operation"; }
 // What a result line's read_sections= says: none for the maps without read sections.
@@ -255,7 +268,7 @@ std::uint64_t fill(Map& map, std::uint64_t n, std::uint64_t stride, unsigned thr
     std::uint64_t failed = 0;
     for (std::uint64_t i = std::uint64_t{t} * stride; i < n; i += std::uint64_t{threads} * stride) {
       const std::uint64_t key = key_of(i);
-      if (!map.insert(key, make_value(key))) [[unlikely]] {
+      if (!map.insert(key, value_for<typename Map::value_type>(key))) [[unlikely]] {
         report_error(Map::kName, "fill: insert of a new key failed", key);
         ++failed;
       }
@@ -337,10 +350,11 @@ class grace_stats_probe {
   void finish() {}
 };
 
-template <>
-class grace_stats_probe<grace_map> {
+template <class Value>
+class grace_stats_probe<grace_map_of<Value>> {
  public:
-  grace_stats_probe(const config& cfg, grace_map& map, const char* use_case, std::uint64_t keys)
+  grace_stats_probe(const config& cfg, grace_map_of<Value>& map, const char* use_case,
+                    std::uint64_t keys)
       : enabled_(cfg.grace_stats), map_(map), use_case_(use_case), keys_(keys) {}
   void start() {
     if (enabled_) before_ = map_.raw().stats();
@@ -372,7 +386,7 @@ class grace_stats_probe<grace_map> {
 
  private:
   bool enabled_;
-  grace_map& map_;
+  grace_map_of<Value>& map_;
   const char* use_case_;
   std::uint64_t keys_;
   hash_map_stats before_;
@@ -513,7 +527,7 @@ struct case_result {
 template <class Map>
 bool check_value(const Map& map, std::uint64_t key) {
   bool good = false;
-  const bool found = map.visit(key, [&](const value64& v) { good = value_matches(v, key); });
+  const bool found = map.visit(key, [&](const auto& v) { good = value_matches(v, key); });
   return found && good;
 }
 
@@ -538,7 +552,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
       for (unsigned t = 0; t < p; ++t) {
         for (unsigned i = 0; i < kBatch; ++i) {
           const std::uint64_t key = htab_key(t, i, p);
-          if (!map.insert(key, make_value(key))) ++r.errors;
+          if (!map.insert(key, value_for<typename Map::value_type>(key))) ++r.errors;
         }
       }
     });
@@ -550,7 +564,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
             const batch_section<Map> section(cfg);
             for (unsigned i = 0; i < kBatch; ++i) {
               const std::uint64_t key = htab_key(t, i, p);
-              if (map.upsert(key, make_value(key))) [[unlikely]] {
+              if (map.upsert(key, value_for<typename Map::value_type>(key))) [[unlikely]] {
                 report_error(Map::kName, "overwrite: upsert inserted a key that was present", key);
                 ++slot.errors;
               }
@@ -568,7 +582,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
             const batch_section<Map> section(cfg);  // the adds and the deletes: one program
             for (unsigned i = 0; i < kBatch; ++i) {
               const std::uint64_t key = htab_key(t, i, p);
-              if (!map.upsert(key, make_value(key))) [[unlikely]] {
+              if (!map.upsert(key, value_for<typename Map::value_type>(key))) [[unlikely]] {
                 report_error(Map::kName, "batch_add_batch_del: add found the key present", key);
                 ++slot.errors;
               }
@@ -610,7 +624,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
                 const batch_section<Map> section(cfg);
                 for (unsigned i = 0; i < kBatch; ++i) {
                   const std::uint64_t key = htab_key(q, i, pairs);
-                  if (!map.insert(key, make_value(key))) [[unlikely]] {
+                  if (!map.insert(key, value_for<typename Map::value_type>(key))) [[unlikely]] {
                     report_error(Map::kName, "add_del_on_diff_cpu: add found the key present",
                                  key);
                     ++slot.errors;
@@ -649,7 +663,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
     for (unsigned t = 0; t < owners; ++t) {
       for (unsigned i = 0; i < kBatch; ++i) {
         const std::uint64_t key = htab_key(t, i, owners);
-        const bool present = map.visit(key, [](const value64&) {});
+        const bool present = map.visit(key, [](const auto&) {});
         if (uc == use_case::overwrite ? !check_value(map, key) : present) {
           report_error(Map::kName, "after-run check failed", key);
           ++r.errors;
@@ -701,12 +715,12 @@ case_result run_keyed_case(use_case uc, std::uint64_t n, const config& cfg,
               const std::uint64_t key = key_of(fast_rng::below(draw, n));
               const std::uint64_t op = fast_rng::below(draw >> 32, 20);  // 1/20 = 5%
               if (op == 0) {
-                map.insert(key, make_value(key));
+                map.insert(key, value_for<typename Map::value_type>(key));
               } else if (op == 1) {
                 map.erase(key);
               } else {
                 bool good = true;
-                map.visit(key, [&](const value64& v) { good = value_matches(v, key); });
+                map.visit(key, [&](const auto& v) { good = value_matches(v, key); });
                 if (!good) [[unlikely]] {
                   report_error(Map::kName, "mixed: wrong value", key);
                   ++slot.errors;
@@ -728,11 +742,11 @@ std::string keys_label(std::uint64_t n) {
   return std::to_string(n);
 }
 
-result timed_result(const char* map, use_case uc, unsigned threads, const case_result& c,
-                    const char* read_sections) {
+result timed_result(const char* map, const char* value, use_case uc, unsigned threads,
+                    const case_result& c, const char* read_sections) {
   const timed_stats& s = c.stats;
   result r;
-  r.add("bench", "map").add("map", map).add("use_case", use_case_name(uc));
+  r.add("bench", "map").add("map", map).add("value", value).add("use_case", use_case_name(uc));
   r.add("threads", std::uint64_t{threads}).add("keys", c.keys);
   r.add("per_prod_op_kps", s.rate_mean_kps, 2);
   r.add("stddev_kps", s.rate_stddev_kps, 2);
@@ -773,7 +787,7 @@ void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
                               : run_htab_case<Map>(uc, st.cfg, st.rss);
   st.sink.errors += c.errors + c.stats.errors;
   // Lookups and mixed operations are single operations: one read section each.
-  st.sink.emit(timed_result(Map::kName, uc, st.cfg.producers, c,
+  st.sink.emit(timed_result(Map::kName, value_name_of<Map>(), uc, st.cfg.producers, c,
                             read_sections_of<Map>(!keyed && st.cfg.batch_read_sections)));
 }
 
@@ -786,7 +800,8 @@ void run_footprint(run_state& st) {
   const std::uint64_t after = anon_rss_bytes();
   st.sink.errors += errors;
   result r;
-  r.add("bench", "map").add("map", Map::kName).add("use_case", "footprint");
+  r.add("bench", "map").add("map", Map::kName).add("value", value_name_of<Map>());
+  r.add("use_case", "footprint");
   r.add("threads", std::uint64_t{Map::kConcurrent ? st.cfg.producers : 1u}).add("keys", n);
   r.add("resident_mib", signed_mib(after, before), 2);
   r.add("bytes_per_key",
@@ -795,10 +810,11 @@ void run_footprint(run_state& st) {
   st.sink.emit(r);
 }
 
+template <class Value>
 void run_destroy(run_state& st) {
   const std::uint64_t n = st.cfg.destroy_elements;
   const std::uint64_t before = trimmed_rss();
-  map_holder<grace_map> holder(n);
+  map_holder<grace_map_of<Value>> holder(n);
   const auto fill_begin = bench_clock::now();
   std::uint64_t errors = fill(*holder, n, 1, st.cfg.producers);
   const double fill_s = seconds_between(fill_begin, bench_clock::now());
@@ -813,7 +829,8 @@ void run_destroy(run_state& st) {
   const std::uint64_t left = trimmed_rss();
   st.sink.errors += errors;
   result r;
-  r.add("bench", "map").add("map", "grace").add("use_case", "destroy").add("elements", n);
+  r.add("bench", "map").add("map", "grace").add("value", value_name_of<grace_map_of<Value>>());
+  r.add("use_case", "destroy").add("elements", n);
   r.add("ns_per_element", destroy_s * 1e9 / static_cast<double>(n), 2);
   r.add("destroy_ms", destroy_s * 1e3, 2);
   r.add("fill_s", fill_s, 2);
@@ -860,31 +877,32 @@ bool map_built(map_kind m) {
   }
 }
 
-template <class F>
+// Calls f(static_cast<M*>(nullptr)) with M the adapter of map m holding Value.
+template <class Value, class F>
 void with_map_type(map_kind m, F&& f) {
   switch (m) {
     case map_kind::grace:
-      f(static_cast<grace_map*>(nullptr));
+      f(static_cast<grace_map_of<Value>*>(nullptr));
       break;
     case map_kind::cds_lfht:
 #if GRACE_BENCH_HAVE_CDS_LFHT
-      f(static_cast<cds_lfht_map*>(nullptr));
+      f(static_cast<cds_lfht_map_of<Value>*>(nullptr));
 #endif
       break;
     case map_kind::absl_sharded:
-      f(static_cast<absl_sharded_map*>(nullptr));
+      f(static_cast<absl_sharded_map_of<Value>*>(nullptr));
       break;
     case map_kind::absl_single:
-      f(static_cast<absl_single_map*>(nullptr));
+      f(static_cast<absl_single_map_of<Value>*>(nullptr));
       break;
     case map_kind::tbb:
 #if GRACE_BENCH_HAVE_TBB
-      f(static_cast<tbb_map*>(nullptr));
+      f(static_cast<tbb_map_of<Value>*>(nullptr));
 #endif
       break;
     case map_kind::libcuckoo:
 #if GRACE_BENCH_HAVE_LIBCUCKOO
-      f(static_cast<libcuckoo_map*>(nullptr));
+      f(static_cast<libcuckoo_map_of<Value>*>(nullptr));
 #endif
       break;
   }
@@ -935,18 +953,27 @@ struct job {
   map_kind map;
 };
 
-void run_job_in_process(run_state& st, const job& j) {
+template <class Value>
+void run_job_with_values(run_state& st, const job& j) {
   if (j.uc == use_case::destroy) {
-    run_destroy(st);
+    run_destroy<Value>(st);
     return;
   }
-  with_map_type(j.map, [&]<class Map>(Map*) {
+  with_map_type<Value>(j.map, [&]<class Map>(Map*) {
     if (j.uc == use_case::footprint) {
       run_footprint<Map>(st);
     } else {
       run_timed_case<Map>(st, j.uc, j.keys);
     }
   });
+}
+
+void run_job_in_process(run_state& st, const job& j) {
+  if (st.cfg.string_values) {
+    run_job_with_values<std::string>(st, j);
+  } else {
+    run_job_with_values<value64>(st, j);
+  }
 }
 
 std::string number_text(double x) {
@@ -978,7 +1005,9 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
                                    "--destroy-elements",
                                    std::to_string(cfg.destroy_elements),
                                    "--read-sections",
-                                   read_sections_name(cfg.batch_read_sections)};
+                                   read_sections_name(cfg.batch_read_sections),
+                                   "--value",
+                                   value_name(cfg.string_values)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -1047,6 +1076,10 @@ void describe(options_spec& spec) {
   spec.add_choice("read-sections", "batch", {"batch", "operation"},
                   "htab-mem cases, RCU maps (grace, cds_lfht): one read section per batch of 64 "
                   "operations, as the kernel's BPF program runs them, or one per operation");
+  spec.add_choice("value", "fixed64", {"fixed64", "string"},
+                  "what each map stores: a 64-byte trivially copyable struct, or the same 64 "
+                  "bytes in a std::string (heap-allocated: grace's elements then have a "
+                  "destructor and go through the domain's retire())");
   spec.add_flag("affinity", "pin producer t to CPU t mod the CPU count");
   spec.add_flag("in-process",
                 "run every job in this process (default: each map and use case in a fresh "
@@ -1073,6 +1106,7 @@ int run(const parsed_options& options, reporter& out) {
   cfg.affinity = options.flag("affinity");
   cfg.grace_stats = options.flag("grace-stats");
   cfg.batch_read_sections = options.choice("read-sections") == "batch";
+  cfg.string_values = options.choice("value") == "string";
   cfg.footprint_keys = options.count("footprint-keys");
   cfg.destroy_elements = options.count("destroy-elements");
   if (options.given("keys")) {

@@ -1,9 +1,15 @@
 // What `grace-bench map` stores: uint64_t keys and 64-byte values that encode their key, so
 // every read can check that it saw a complete value of the key it asked for (a torn, stale
-// or recycled element shows up as a mismatch).
+// or recycled element shows up as a mismatch). The values are a trivially copyable struct
+// (value64), or the same 64 bytes in a std::string (`--value string`: on the heap, so an
+// element has a destructor and grace retires it instead of handing it straight back to the
+// pool).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
 
 namespace grace::bench {
 
@@ -25,6 +31,28 @@ inline bool value_matches(const value64& v, std::uint64_t key) noexcept {
   std::uint64_t diff = 0;
   for (unsigned i = 0; i < 8; ++i) diff |= v.word[i] ^ (key + kValueStride * i);
   return diff == 0;
+}
+
+inline std::string make_string_value(std::uint64_t key) {
+  const value64 v = make_value(key);
+  return std::string(reinterpret_cast<const char*>(v.word), sizeof v.word);
+}
+
+inline bool value_matches(const std::string& v, std::uint64_t key) noexcept {
+  const value64 expected = make_value(key);
+  return v.size() == sizeof expected.word &&
+         std::memcmp(v.data(), expected.word, sizeof expected.word) == 0;
+}
+
+// The value of `key` as a Value (value64 or std::string).
+template <class Value>
+Value value_for(std::uint64_t key) {
+  if constexpr (std::is_same_v<Value, value64>) {
+    return make_value(key);
+  } else {
+    static_assert(std::is_same_v<Value, std::string>);
+    return make_string_value(key);
+  }
 }
 
 // The i-th key of the lookup, mixed, footprint and destroy key sets: a bijection of i
