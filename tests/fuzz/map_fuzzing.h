@@ -271,6 +271,27 @@ insert_result insert_into(Map& map, insert_member member, bool moved,
   return {inserted, !inserted && rvalue != key};
 }
 
+struct insert_or_update_result {
+  bool inserted;
+  int calls;  // of f: 1 per attempt on a present key (more after lost races)
+};
+// insert_or_update(key, the value of inserted_code, f), f passing the old value to
+// observe(old) and returning the value of updated_code.
+template <class Map, class Observe>
+insert_or_update_result insert_or_update_counted(Map& map, const typename Map::key_type& key,
+                                                 std::uint64_t inserted_code,
+                                                 std::uint64_t updated_code, Observe observe) {
+  using values = value_codec<typename Map::mapped_type>;
+  int calls = 0;
+  const bool inserted = map.insert_or_update(
+      key, values::make(inserted_code), [&](const typename Map::mapped_type& old) {
+        ++calls;
+        observe(old);
+        return values::make(updated_code);
+      });
+  return {inserted, calls};
+}
+
 // contains(key), or, if `count`, count(key) (std::unordered_map's spelling: 0 or 1, which the
 // caller checks).
 template <class Map>

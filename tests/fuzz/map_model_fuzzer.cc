@@ -174,13 +174,9 @@ class model_run {
       case op::insert_or_update: {
         const std::uint64_t inserted_code = fresh_code(index);
         const std::uint64_t updated_code = fresh_code(index);
-        int calls = 0;
-        const bool inserted =
-            map_.insert_or_update(key, values::make(inserted_code), [&](const Value& old) {
-              ++calls;
-              check_value("insert_or_update", index, old);
-              return values::make(updated_code);
-            });
+        const auto [inserted, calls] = gf::insert_or_update_counted(
+            map_, key, inserted_code, updated_code,
+            [&](const Value& old) { check_value("insert_or_update", index, old); });
         check_present("!insert_or_update", index, !inserted);
         GRACE_FUZZ_CHECK(calls == (inserted ? 0 : 1),
                          "op %zu: insert_or_update called f %d times", op_, calls);

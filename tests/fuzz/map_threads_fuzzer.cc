@@ -416,12 +416,9 @@ class worker {
       case op::insert_or_update: {
         const std::uint64_t inserted_code = fresh_code(index);
         const std::uint64_t updated_code = fresh_code(index);
-        int calls = 0;
-        const bool inserted =
-            map_.insert_or_update(key, values::make(inserted_code), [&](const Value& old) {
-              ++calls;
+        const auto [inserted, calls] = gf::insert_or_update_counted(
+            map_, key, inserted_code, updated_code, [&](const Value& old) {
               expect_owned("insert_or_update", j, true, observe("insert_or_update", index, old));
-              return values::make(updated_code);
             });
         const bool loose = end_op(finished);
         expect_present("!insert_or_update", j, loose, !inserted);
