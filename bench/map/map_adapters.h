@@ -10,15 +10,13 @@
 //                                                   // of operations (RCU maps); else nothing
 //     using value_type;                             // value64 or std::string (map_value.h)
 //     explicit some_map(std::size_t capacity_hint);
-//     bool insert(std::uint64_t key, value_arg<value_type> value);  // if absent; true if
-//                                                                   // inserted
-//     bool upsert(std::uint64_t key, value_arg<value_type> value);  // insert_or_assign
-//                                                                   // (BPF_ANY); true if
-//                                                                   // inserted
-//     bool erase(std::uint64_t key);                            // true if erased
-//     template <class F> bool visit(std::uint64_t key, F f);    // f(const value_type&) in
-//                                                               // place, under the map's read
-//                                                               // protection; false if absent
+//     // If absent; true if inserted.
+//     bool insert(std::uint64_t key, value_arg<value_type> value);
+//     // insert_or_assign (BPF_ANY); true if inserted.
+//     bool upsert(std::uint64_t key, value_arg<value_type> value);
+//     bool erase(std::uint64_t key);  // true if erased
+//     // f(const value_type&) in place, under the map's read protection; false if absent.
+//     template <class F> bool visit(std::uint64_t key, F f);
 //     static void release_cached_memory();  // after destruction: give cached memory back
 //   };
 //
