@@ -34,7 +34,8 @@
 // the lock around a batch would write them. The other maps take no read section at all.
 //
 // Peers (Value: value64, or std::string with --value string):
-//   grace        grace::hash_map<uint64_t, Value>, default options (global domain);
+//   grace        grace::hash_map<uint64_t, Value>, default options (the global domain, or
+//                one whose worker runs at --grace-worker-nice);
 //                reads through visit()
 //   cds_lfht     liburcu 0.13 rculfhash, urcu-memb flavor, AUTO_RESIZE | ACCOUNTING; malloc'd
 //                (new'd) nodes embedding cds_lfht_node + rcu_head, deleted through
@@ -88,6 +89,17 @@ using value_arg = std::conditional_t<std::is_trivially_copyable_v<Value>, const 
 
 // --- grace -------------------------------------------------------------------------------
 
+// The reclaim worker's nice value for grace's maps (--grace-worker-nice): 0 uses the global
+// domain, as a default-constructed grace::hash_map does; above 0, a domain of this process's
+// own whose worker runs at that value (domain_options::worker_nice). Set by the tool before
+// any map is built; each job runs in a process of its own.
+inline int grace_worker_nice = 0;
+inline grace::domain& grace_bench_domain() {
+  if (grace_worker_nice == 0) return grace::domain::global();
+  static grace::domain own(grace::domain_options{.worker_nice = grace_worker_nice});
+  return own;
+}
+
 template <class Value>
 class grace_map_of {
  public:
@@ -105,7 +117,10 @@ class grace_map_of {
     grace::read_guard guard_;
   };
 
-  explicit grace_map_of(std::size_t capacity_hint) { map_.reserve(capacity_hint); }
+  explicit grace_map_of(std::size_t capacity_hint)
+      : map_(grace::hash_map_options{.reclamation = &grace_bench_domain()}) {
+    map_.reserve(capacity_hint);
+  }
 
   bool insert(std::uint64_t key, value_arg<Value> value) {
     return map_.insert(key, std::move(value));

@@ -50,6 +50,8 @@
 //                    under one rcu_read_lock(); operation: one per operation (--read-sections
 //                    operation; always for lookup and mixed, whose operations stand alone);
 //                    none: a map without read sections (absl, oneTBB, libcuckoo)
+//   worker_nice      grace: its reclaim worker's nice value (--grace-worker-nice; 0: the
+//                    global domain's worker, at the process's nice value); na for the others
 //   value            fixed64: 64-byte trivially copyable values (value64, the default);
 //                    string: the same 64 bytes in a std::string (--value string), so every
 //                    stored value owns heap memory, and grace's elements, which then have a
@@ -170,6 +172,7 @@ struct config {
   // htab-mem cases: one read section per batch of 64 (the BPF program's), or per operation.
   bool batch_read_sections = true;
   bool string_values = false;  // std::string values (--value string), not value64
+  int grace_worker_nice = 0;   // grace's reclaim worker (--grace-worker-nice)
 };
 
 const char* value_name(bool string_values) { return string_values ? "string" : "fixed64"; }
@@ -742,8 +745,16 @@ std::string keys_label(std::uint64_t n) {
   return std::to_string(n);
 }
 
+// What a result line's worker_nice= says: grace's reclaim worker's nice value; na for the
+// other maps.
+template <class Map>
+std::string worker_nice_of(const config& cfg) {
+  return std::string(Map::kName) == "grace" ? std::to_string(cfg.grace_worker_nice) : "na";
+}
+
 result timed_result(const char* map, const char* value, use_case uc, unsigned threads,
-                    const case_result& c, const char* read_sections) {
+                    const case_result& c, const char* read_sections,
+                    const std::string& worker_nice) {
   const timed_stats& s = c.stats;
   result r;
   r.add("bench", "map").add("map", map).add("value", value).add("use_case", use_case_name(uc));
@@ -758,6 +769,7 @@ result timed_result(const char* map, const char* value, use_case uc, unsigned th
   r.add("errors", c.errors + s.errors);
   r.add("cpu_cores", s.cpu_cores, 2);
   r.add("read_sections", read_sections);
+  r.add("worker_nice", worker_nice);
   return r;
 }
 
@@ -788,7 +800,8 @@ void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
   st.sink.errors += c.errors + c.stats.errors;
   // Lookups and mixed operations are single operations: one read section each.
   st.sink.emit(timed_result(Map::kName, value_name_of<Map>(), uc, st.cfg.producers, c,
-                            read_sections_of<Map>(!keyed && st.cfg.batch_read_sections)));
+                            read_sections_of<Map>(!keyed && st.cfg.batch_read_sections),
+                            worker_nice_of<Map>(st.cfg)));
 }
 
 template <class Map>
@@ -1007,7 +1020,9 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
                                    "--read-sections",
                                    read_sections_name(cfg.batch_read_sections),
                                    "--value",
-                                   value_name(cfg.string_values)};
+                                   value_name(cfg.string_values),
+                                   "--grace-worker-nice",
+                                   std::to_string(cfg.grace_worker_nice)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -1080,6 +1095,10 @@ void describe(options_spec& spec) {
                   "what each map stores: a 64-byte trivially copyable struct, or the same 64 "
                   "bytes in a std::string (heap-allocated: grace's elements then have a "
                   "destructor and go through the domain's retire())");
+  spec.add_count("grace-worker-nice", 0,
+                 "grace's reclaim worker's nice value: 0 uses the global domain, above 0 a "
+                 "domain of the process's own (domain_options::worker_nice)",
+                 0, 19);
   spec.add_flag("affinity", "pin producer t to CPU t mod the CPU count");
   spec.add_flag("in-process",
                 "run every job in this process (default: each map and use case in a fresh "
@@ -1107,6 +1126,8 @@ int run(const parsed_options& options, reporter& out) {
   cfg.grace_stats = options.flag("grace-stats");
   cfg.batch_read_sections = options.choice("read-sections") == "batch";
   cfg.string_values = options.choice("value") == "string";
+  cfg.grace_worker_nice = static_cast<int>(options.count("grace-worker-nice"));
+  grace_worker_nice = cfg.grace_worker_nice;
   cfg.footprint_keys = options.count("footprint-keys");
   cfg.destroy_elements = options.count("destroy-elements");
   if (options.given("keys")) {
