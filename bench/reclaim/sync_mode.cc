@@ -1,7 +1,11 @@
-// `grace-bench sync`: how long a thread waits for one grace period, idle and during a flood.
+// `grace-bench sync`: how long a thread waits for one grace period, idle and during a flood,
+// and how long barrier() waits for the domain's engine.
 //
 // Waiters:
 //   synchronize  domain.synchronize() on a fresh grace::domain
+//   barrier      domain.barrier() on that domain: a marker handed through the GP thread and
+//                the reclaim worker, behind whatever the flood retired before it (what
+//                ~hash_map(), clear() and a pool's destructor wait for)
 //   call_rcu     what users build without a direct synchronize: urcu_memb_call_rcu() of a
 //                callback that bumps a counter the waiter sleeps on (C++20 atomic wait, a
 //                futex), measured from the call_rcu() to the wake-up. liburcu's worker naps
@@ -14,17 +18,22 @@
 //                reclamation, so the cost of the busy core itself (liburcu's membarrier
 //                must interrupt it twice per grace period) is seen apart from the retire
 //                flood's.
+// or, cpu_hog, one thread per CPU spins without allocating: every core busy at nice 0, so
+// the engine's threads get one only from the scheduler (a saturated service);
 // for --warmup-ms before the waiter starts and until it has finished. The flooding thread is
 // a registered liburcu reader (outside read sections), and so is the main thread, idle, for
 // the whole run: every synchronize() runs liburcu's full path, as in a program with readers.
 // --flood matched pairs each waiter with its own mechanism's flood (synchronize also with the
-// malloc_free control); --flood all runs every waiter with every flood.
+// malloc_free control, barrier with retire and cpu_hog); --flood all runs every waiter with
+// every flood.
 // --worker normal|background|all: the domain's reclaim worker at nice 0, or 19
 // (domain_options::worker_nice), in the synchronize rows with the retire flood, the only
-// rows where the worker has work; every other row runs it at nice 0.
+// synchronize rows where the worker has work, and in every barrier row; every other row
+// runs it at nice 0.
 //
 // Rows: bench=sync phase=idle|flood waiter=... flood=none|malloc_free|retire|call_rcu samples
-// worker_nice p50_us p99_us max_us, plus the flooding thread's rate and the peak RSS growth.
+// worker_nice p50_us p99_us max_us, plus the flooding thread's rate (na for cpu_hog) and the
+// peak RSS growth.
 #include <malloc.h>
 
 #include <algorithm>
@@ -53,11 +62,19 @@ constexpr std::uint64_t kFloodStopCheck = 1024;
 // --worker background: the lowest priority a thread can give itself.
 constexpr int kBackgroundWorkerNice = 19;
 
-enum class waiter_kind { synchronize, call_rcu };
-enum class flood_kind { none, malloc_free, retire, call_rcu };
+enum class waiter_kind { synchronize, barrier, call_rcu };
+enum class flood_kind { none, malloc_free, retire, call_rcu, cpu_hog };
 
 const char* waiter_name(waiter_kind w) {
-  return w == waiter_kind::synchronize ? "synchronize" : "call_rcu";
+  switch (w) {
+    case waiter_kind::synchronize:
+      return "synchronize";
+    case waiter_kind::barrier:
+      return "barrier";
+    case waiter_kind::call_rcu:
+      return "call_rcu";
+  }
+  return "?";
 }
 
 const char* flood_name(flood_kind f) {
@@ -70,6 +87,8 @@ const char* flood_name(flood_kind f) {
       return "retire";
     case flood_kind::call_rcu:
       return "call_rcu";
+    case flood_kind::cpu_hog:
+      return "cpu_hog";
   }
   return "?";
 }
@@ -101,7 +120,7 @@ void complete_call_rcu(rcu_head* head) {
 std::vector<std::uint64_t> measure(waiter_kind waiter, domain& d, call_rcu_completion& completion,
                                    const sampling& cfg) {
   std::vector<std::uint64_t> samples_ns;
-  const bool sync = waiter == waiter_kind::synchronize;
+  const bool sync = waiter != waiter_kind::call_rcu;  // synchronize or barrier: on the domain
   const auto budget = std::chrono::duration<double>(sync ? cfg.sync_seconds : cfg.call_rcu_seconds);
   samples_ns.reserve(sync ? std::min<std::uint64_t>(cfg.max_samples, 1 << 16) : 1024);
 
@@ -110,8 +129,10 @@ std::vector<std::uint64_t> measure(waiter_kind waiter, domain& d, call_rcu_compl
   const auto start = bench_clock::now();
   while (bench_clock::now() - start < budget && samples_ns.size() < cfg.max_samples) {
     const auto begin = bench_clock::now();
-    if (sync) {
+    if (waiter == waiter_kind::synchronize) {
       d.synchronize();
+    } else if (waiter == waiter_kind::barrier) {
+      d.barrier();
     } else {
       ++issued;
       urcu_memb_call_rcu(&completion.head, complete_call_rcu);
@@ -143,7 +164,17 @@ result run_row(waiter_kind waiter, flood_kind flood, int worker_nice, const samp
   std::uint64_t flooded = 0;
   double flood_seconds = 0;
   std::thread flooder;
-  if (flood != flood_kind::none) {
+  std::vector<std::thread> hogs;
+  if (flood == flood_kind::cpu_hog) {
+    for (unsigned i = 0, n = std::max(1u, std::thread::hardware_concurrency()); i < n; ++i) {
+      hogs.emplace_back([&] {
+        // Relaxed: a stop request.
+        while (!stop_flood.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+    std::this_thread::sleep_for(cfg.warmup);
+  } else if (flood != flood_kind::none) {
     flooder = std::thread([&] {
       // A registered reader either way (see run()): call_rcu() requires it; grace registers
       // a thread on its first pin.
@@ -183,11 +214,10 @@ result run_row(waiter_kind waiter, flood_kind flood, int worker_nice, const samp
   call_rcu_completion completion;
   std::thread([&] { samples_ns = measure(waiter, d, completion, cfg); }).join();
 
-  if (flooder.joinable()) {
-    // Relaxed: see the flooding loop.
-    stop_flood.store(true, std::memory_order_relaxed);
-    flooder.join();
-  }
+  // Relaxed: see the flooding loop.
+  stop_flood.store(true, std::memory_order_relaxed);
+  if (flooder.joinable()) flooder.join();
+  for (std::thread& hog : hogs) hog.join();
   // Drain before the next row (not measured). The barrier also ensures the last
   // complete_call_rcu() has returned before `completion` goes away.
   if (flood == flood_kind::call_rcu || waiter == waiter_kind::call_rcu) urcu_memb_barrier();
@@ -208,7 +238,7 @@ result run_row(waiter_kind waiter, flood_kind flood, int worker_nice, const samp
         .add("p99_us", summary.p99_us, 2)
         .add("max_us", summary.max_us, 2);
   }
-  if (flood == flood_kind::none) {
+  if (flood == flood_kind::none || flood == flood_kind::cpu_hog) {
     r.add_na("flood_objects_per_s");
   } else {
     r.add("flood_objects_per_s", static_cast<double>(flooded) / flood_seconds, 0);
@@ -220,15 +250,18 @@ result run_row(waiter_kind waiter, flood_kind flood, int worker_nice, const samp
 
 void describe(options_spec& spec) {
   spec.add_choice("phase", "all", {"idle", "flood", "all"}, "idle, during a flood, or both");
-  spec.add_choice("waiter", "all", {"synchronize", "call_rcu", "all"}, "how the thread waits");
+  spec.add_choice("waiter", "all", {"synchronize", "barrier", "call_rcu", "all"},
+                  "how the thread waits");
   spec.add_choice("flood", "all", {"matched", "all"},
-                  "matched: synchronize during malloc_free and retire floods, call_rcu during a "
-                  "call_rcu flood; all: every waiter with every flood");
+                  "matched: synchronize during malloc_free and retire floods, barrier during "
+                  "retire and cpu_hog floods, call_rcu during a call_rcu flood; all: every "
+                  "waiter with every flood");
   spec.add_choice("worker", "all", {"normal", "background", "all"},
-                  "the reclaim worker during the retire flood: nice 0, nice 19 "
-                  "(domain_options::worker_nice), or a row each");
-  spec.add_number("seconds", kDefaultSyncSeconds, "time budget of each synchronize row", 0.01,
-                  3600);
+                  "the reclaim worker in the synchronize rows with the retire flood and in "
+                  "every barrier row: nice 0, nice 19 (domain_options::worker_nice), or a row "
+                  "each");
+  spec.add_number("seconds", kDefaultSyncSeconds,
+                  "time budget of each synchronize and barrier row", 0.01, 3600);
   spec.add_number("call-rcu-seconds", kDefaultCallRcuSeconds,
                   "time budget of each call_rcu row (~10 ms per sample)", 0.01, 3600);
   spec.add_count("max-samples", kDefaultMaxSamples, "sample cap per row", 1);
@@ -254,8 +287,10 @@ int run(const parsed_options& options, reporter& out) {
   if (worker != "background") worker_nices.push_back(0);
   if (worker != "normal") worker_nices.push_back(kBackgroundWorkerNice);
   std::vector<waiter_kind> waiters;
-  if (waiter != "call_rcu") waiters.push_back(waiter_kind::synchronize);
-  if (waiter != "synchronize") waiters.push_back(waiter_kind::call_rcu);
+  for (const waiter_kind w :
+       {waiter_kind::synchronize, waiter_kind::barrier, waiter_kind::call_rcu}) {
+    if (waiter == "all" || waiter == waiter_name(w)) waiters.push_back(w);
+  }
 
   // This thread stays a registered (idle) liburcu reader for the whole run, so every
   // synchronize(), idle or not, has at least one reader to check and runs liburcu's full
@@ -263,23 +298,31 @@ int run(const parsed_options& options, reporter& out) {
   { auto g = grace::pin(); }
 
   rss_sampler rss;
-  if (phase != "flood") {
-    for (const waiter_kind w : waiters) out.emit(run_row(w, flood_kind::none, 0, cfg, rss));
-  }
-  if (phase != "idle") {
-    for (const waiter_kind w : waiters) {
-      const bool sync = w == waiter_kind::synchronize;
-      for (const flood_kind f :
-           {flood_kind::malloc_free, flood_kind::retire, flood_kind::call_rcu}) {
-        const bool matched = f == (sync ? flood_kind::retire : flood_kind::call_rcu) ||
-                             (sync && f == flood_kind::malloc_free);
-        if (!matched && !all_floods) continue;
-        if (!sync || f != flood_kind::retire) {
-          out.emit(run_row(w, f, 0, cfg, rss));
-          continue;
-        }
-        for (const int nice : worker_nices) out.emit(run_row(w, f, nice, cfg, rss));
+  // Whether the row's reclaim worker runs at each of --worker's nice values (or at 0 only).
+  const auto worker_matters = [](waiter_kind w, flood_kind f) {
+    return w == waiter_kind::barrier || (w == waiter_kind::synchronize && f == flood_kind::retire);
+  };
+  const auto matched = [](waiter_kind w, flood_kind f) {
+    switch (w) {
+      case waiter_kind::synchronize:
+        return f == flood_kind::retire || f == flood_kind::malloc_free;
+      case waiter_kind::barrier:
+        return f == flood_kind::retire || f == flood_kind::cpu_hog;
+      case waiter_kind::call_rcu:
+        return f == flood_kind::call_rcu;
+    }
+    return false;
+  };
+  for (const waiter_kind w : waiters) {
+    for (const flood_kind f : {flood_kind::none, flood_kind::malloc_free, flood_kind::retire,
+                               flood_kind::call_rcu, flood_kind::cpu_hog}) {
+      if (f == flood_kind::none ? phase == "flood" : phase == "idle") continue;
+      if (f != flood_kind::none && !matched(w, f) && !all_floods) continue;
+      if (!worker_matters(w, f)) {
+        out.emit(run_row(w, f, 0, cfg, rss));
+        continue;
       }
+      for (const int nice : worker_nices) out.emit(run_row(w, f, nice, cfg, rss));
     }
   }
   return 0;
