@@ -223,7 +223,8 @@ class handoff_freer {
     while (!blocks_.compare_exchange_weak(block->next, block, std::memory_order_release,
                                           std::memory_order_relaxed)) {
     }
-    wake_.fetch_add(1, std::memory_order_release);  // Release: orders the push before the wake
+    // Release: the push before the wake; pairs with run()'s Acquire load of wake_.
+    wake_.fetch_add(1, std::memory_order_release);
     wake_.notify_one();
   }
   void run() {

@@ -31,9 +31,9 @@
 // synchronize rows where the worker has work, and in every barrier row; every other row
 // runs it at nice 0.
 //
-// Rows: bench=sync phase=idle|flood waiter=... flood=none|malloc_free|retire|call_rcu samples
-// worker_nice p50_us p99_us max_us, plus the flooding thread's rate (na for cpu_hog) and the
-// peak RSS growth.
+// Rows: bench=sync phase=idle|flood waiter=... flood=none|malloc_free|retire|call_rcu|cpu_hog
+// samples worker_nice p50_us p99_us max_us, plus the flooding thread's rate (na for cpu_hog)
+// and the peak RSS growth.
 #include <malloc.h>
 
 #include <algorithm>
@@ -120,12 +120,12 @@ void complete_call_rcu(rcu_head* head) {
 std::vector<std::uint64_t> measure(waiter_kind waiter, domain& d, call_rcu_completion& completion,
                                    const sampling& cfg) {
   std::vector<std::uint64_t> samples_ns;
-  const bool sync = waiter != waiter_kind::call_rcu;  // synchronize or barrier: on the domain
-  const auto budget = std::chrono::duration<double>(sync ? cfg.sync_seconds : cfg.call_rcu_seconds);
-  samples_ns.reserve(sync ? std::min<std::uint64_t>(cfg.max_samples, 1 << 16) : 1024);
+  const bool on_domain = waiter != waiter_kind::call_rcu;  // synchronize or barrier
+  const auto budget = std::chrono::duration<double>(on_domain ? cfg.sync_seconds : cfg.call_rcu_seconds);
+  samples_ns.reserve(on_domain ? std::min<std::uint64_t>(cfg.max_samples, 1 << 16) : 1024);
 
   std::uint32_t issued = 0;                // completion is fresh: no callback has run on it
-  if (!sync) urcu_memb_register_thread();  // call_rcu() requires a registered thread
+  if (!on_domain) urcu_memb_register_thread();  // call_rcu() requires a registered thread
   const auto start = bench_clock::now();
   while (bench_clock::now() - start < budget && samples_ns.size() < cfg.max_samples) {
     const auto begin = bench_clock::now();
@@ -146,9 +146,9 @@ std::vector<std::uint64_t> measure(waiter_kind waiter, domain& d, call_rcu_compl
     const auto end = bench_clock::now();
     samples_ns.push_back(static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count()));
-    if (sync && cfg.sync_gap.count() > 0) std::this_thread::sleep_for(cfg.sync_gap);
+    if (on_domain && cfg.sync_gap.count() > 0) std::this_thread::sleep_for(cfg.sync_gap);
   }
-  if (!sync) urcu_memb_unregister_thread();
+  if (!on_domain) urcu_memb_unregister_thread();
   return samples_ns;
 }
 

@@ -300,11 +300,12 @@ class hash_map {
   bool insert(Key&& key, Value value) { return try_emplace(std::move(key), std::move(value)); }
   template <class... Args>
   bool try_emplace(const Key& key, Args&&... args) {
-    return emplace_if_absent(key, std::forward<Args>(args)...);
+    return emplace_if_absent(hash_(key), key, std::forward<Args>(args)...);
   }
   template <class... Args>
   bool try_emplace(Key&& key, Args&&... args) {
-    return emplace_if_absent(std::move(key), std::forward<Args>(args)...);
+    const std::uint64_t hash = hash_(std::as_const(key));
+    return emplace_if_absent(hash, std::move(key), std::forward<Args>(args)...);
   }
 
   // Inserts or replaces (BPF_ANY); true if inserted. An rvalue key is moved into the element.
@@ -335,19 +336,7 @@ class hash_map {
   bool update(const Key& key, F&& f)
     requires std::copy_constructible<Key>
   {
-    check_not_in_retried_callback();
-    const std::uint64_t hash = hash_(key);
-    const std::uint64_t so_key = detail::element_so_key(hash);
-    auto guard = pin_reader();
-    detail::list_node* start = list_.bucket_of(hash);
-    for (;;) {
-      position at = search(start, key, so_key);
-      if (at.found == nullptr) return false;
-      node* fresh =
-          make_node(hash, key, run_retried_callback(f, static_cast<const Value&>(at.found->value)));
-      if (replace(start, at, fresh)) return true;
-      discard(fresh);
-    }
+    return update_hashed(hash_(key), key, f);
   }
 
   // Replaces the value with f(old) if the key is present, else inserts `value` (a counter's
@@ -358,9 +347,10 @@ class hash_map {
   bool insert_or_update(const Key& key, const Value& value, F&& f)
     requires std::copy_constructible<Key> && std::copy_constructible<Value>
   {
+    const std::uint64_t hash = hash_(key);  // once for every attempt
     for (;;) {
-      if (update(key, f)) return false;
-      if (try_emplace(key, value)) return true;
+      if (update_hashed(hash, key, f)) return false;
+      if (emplace_if_absent(hash, key, value)) return true;
     }
   }
 
@@ -609,11 +599,27 @@ class hash_map {
       throw;
     }
   }
-  // try_emplace() and insert(); K is const Key& or Key.
-  template <class K, class... Args>
-  bool emplace_if_absent(K&& key, Args&&... args) {
+  // update() and insert_or_update(), `hash` being the key's.
+  template <class F>
+  bool update_hashed(std::uint64_t hash, const Key& key, F& f) {
     check_not_in_retried_callback();
-    const std::uint64_t hash = hash_(std::as_const(key));
+    const std::uint64_t so_key = detail::element_so_key(hash);
+    auto guard = pin_reader();
+    detail::list_node* start = list_.bucket_of(hash);
+    for (;;) {
+      position at = search(start, key, so_key);
+      if (at.found == nullptr) return false;
+      node* fresh =
+          make_node(hash, key, run_retried_callback(f, static_cast<const Value&>(at.found->value)));
+      if (replace(start, at, fresh)) return true;
+      discard(fresh);
+    }
+  }
+  // try_emplace(), insert() and insert_or_update(), `hash` being the key's; K is const Key&
+  // or Key.
+  template <class K, class... Args>
+  bool emplace_if_absent(std::uint64_t hash, K&& key, Args&&... args) {
+    check_not_in_retried_callback();
     bool inserted;
     {
       auto guard = pin_reader();
