@@ -44,6 +44,13 @@ inline constexpr std::uint32_t kConsumerMagazines = 4;
 // The idle trim runs at most this often (and after a grace period).
 inline constexpr std::chrono::milliseconds kTrimInterval{20};
 inline constexpr unsigned kEmptyMagazinesPerCache = 2;
+// destroy_deallocated() in a fork() child: yields before it skips a cache of a pool built
+// during the fork that stays held (pool_core::fork_skip).
+inline constexpr unsigned kForkSkippedHoldTries = 1000;
+// Constructed magazines one hold takes out to destroy (P7): the destructors one pool call
+// runs, at most (48 objects each by default). Two keep up with a thread that frees an
+// object per allocation.
+inline constexpr std::uint32_t kMagazinesPerTake = 2;
 
 // A record of one chunk, kept for the pool's lifetime so destruction can find chunks that
 // still hold allocated objects. Records of released chunks are reused.
@@ -152,6 +159,14 @@ struct pool_core {
   static void release_every_cache() noexcept;
   static void release_every_cache_in_parent() noexcept;
   static void release_every_cache_in_child() noexcept;
+  // (P7): the takes the caches' finishing slots record were made by threads of the parent
+  // (or, by this one, end under the parent's generation and leave the slot alone).
+  void forget_finishing_in_child() noexcept {
+    for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
+      // Relaxed: the child's only thread.
+      for (auto& slot : pool.caches_[i].finishing) slot.store(0, std::memory_order_relaxed);
+    }
+  }
   std::atomic<bool> destroying{false};
   std::atomic<bool> forget_allocated{false};
   // Relaxed: the trim pass compares it between passes to tell whether the depot is in use.
@@ -167,6 +182,7 @@ struct pool_core {
   std::atomic<std::uint64_t> peak_held_bytes{0};
   std::atomic<std::uint64_t> chunks{0};
   std::atomic<std::uint64_t> returned{0};
+  std::atomic<std::uint64_t> destroyed{0};
   std::atomic<std::uint64_t> unheld_allocations{0};
   std::atomic<std::uint64_t> fresh_unheld{0};
   std::atomic<std::uint64_t> reused_unheld{0};
@@ -531,11 +547,22 @@ struct pool_core {
     }
   }
 
+  // retire() deleter for one deallocated object that found no magazine (P7: constructed if
+  // the pool has a destroy hook).
   static void release_object_after_gp(void* object) noexcept {
     pool_core* core = chunk_of(object)->core;
-    core->returned.fetch_add(1, std::memory_order_relaxed);
-    core->release_to_chunks([&](auto&& release) { release(object); });
-    core->trim_if_deferred();
+    if (auto destroy = core->pool.options_.destroy) {
+      destroy(object);
+      core->destroyed.fetch_add(1, std::memory_order_relaxed);
+    }
+    core->release_object(object);
+  }
+
+  // `object` holds nothing and nobody can be reading it: back to its chunk.
+  void release_object(void* object) noexcept {
+    returned.fetch_add(1, std::memory_order_relaxed);
+    release_to_chunks([&](auto&& release) { release(object); });
+    trim_if_deferred();
   }
 
   // --- magazines ----------------------------------------------------------------------------
@@ -559,7 +586,6 @@ struct pool_core {
 
   void stash_magazine(pool_cache& cache, magazine* m) noexcept {
     m->count = 0;
-    m->ready = false;
     m->gp_cookie = 0;
     if (cache.empty_count < kEmptyMagazinesPerCache) {
       m->next = cache.empty;
@@ -570,11 +596,33 @@ struct pool_core {
     }
   }
 
-  // Every object of `m` goes back to its chunk; requires a grace period since each was
-  // deallocated (m is ready, or the pool is being destroyed after synchronize()).
+  // Every object of `m` goes back to its chunk, destroyed first if it is still constructed
+  // (P7); requires a grace period since each was deallocated (m is ready or its cookie
+  // elapsed, or the pool is being destroyed after synchronize()), and no cache hold unless
+  // m is ready.
   void release_objects(magazine* m) noexcept {
+    destroy_objects(m);
     returned.fetch_add(m->count, std::memory_order_relaxed);
     release_slots(m);
+  }
+
+  // (P7), never under a cache hold: runs pool_options::destroy on each object of a
+  // constructed magazine.
+  void destroy_objects(magazine* m) noexcept {
+    if (!m->constructed) return;
+    void (*const destroy)(void*) noexcept = pool.options_.destroy;
+    void** objects = m->objects();
+    for (std::uint32_t i = 0; i < m->count; ++i) destroy(objects[i]);
+    m->constructed = false;
+    destroyed.fetch_add(m->count, std::memory_order_relaxed);
+  }
+
+  // An elapsed magazine becomes ready: its objects destroyed (P7, so never under a cache hold
+  // if it is constructed) and poisoned until handed out (P2).
+  void make_ready(magazine* m) noexcept {
+    destroy_objects(m);
+    void** objects = m->objects();
+    for (std::uint32_t i = 0; i < m->count; ++i) asan_poison(objects[i], pool.object_size_);
   }
 
   // release_objects() without counting them as returned.
@@ -585,15 +633,6 @@ struct pool_core {
       for (std::uint32_t i = 0; i < count; ++i) release(objects[i]);
     });
     m->count = 0;
-  }
-
-  // retire() deleter for a waiting magazine shed when the depot is full.
-  static void release_waiting_magazine(void* pointer) noexcept {
-    auto* m = static_cast<magazine*>(pointer);
-    pool_core* core = chunk_of(m->objects()[0])->core;
-    core->release_objects(m);
-    core->free_magazine(m);
-    core->trim_if_deferred();
   }
 
   bool to_depot(magazine* m) noexcept {
@@ -611,19 +650,89 @@ struct pool_core {
 
   // --- the grace-period stages ----------------------------------------------------------------
 
-  void promote(pool_cache& cache, magazine* m) noexcept {
-    m->ready = true;
-    void** objects = m->objects();
-    for (std::uint32_t i = 0; i < m->count; ++i) asan_poison(objects[i], pool.object_size_);
+  // Magazines a holder took out of its cache to finish after the hold (P7), recorded in a
+  // slot of the cache's `finishing`.
+  struct taken_magazines {
+    magazine_fifo fifo;
+    std::atomic<std::uint64_t>* slot = nullptr;  // set once fifo is not empty
+    std::uint64_t recorded = 0;                   // what the slot holds for this take
+    std::uint32_t generation = 0;                 // the fork generation it was taken in
+  };
+
+  // Holder: an elapsed magazine becomes ready, or, still constructed, is taken out to be
+  // finished after the hold (P7). False if it must stay: constructed, with every finishing
+  // slot of the cache busy.
+  bool promote(pool_cache& cache, magazine* m, taken_magazines& taken) noexcept {
+    if (m->constructed) {
+      if (taken.fifo.head == nullptr && !record_take(cache, taken)) return false;
+      taken.fifo.push_back(m);
+      return true;
+    }
+    make_ready(m);
     bump(cache.reused, m->count);
     cache.ready.push_back(m);
+    return true;
   }
 
-  void promote_elapsed(pool_cache& cache) noexcept {
+  // Holder: claims a free finishing slot for this hold's take (P7).
+  bool record_take(pool_cache& cache, taken_magazines& taken) noexcept {
+    for (std::atomic<std::uint64_t>& slot : cache.finishing) {
+      // Acquire: a slot seen free carries its finisher's destroy calls into this hold, and
+      // so to destroy_deallocated(), which holds the cache later; pairs with the Release
+      // store in finish_taken().
+      if (slot.load(std::memory_order_acquire) % 2 != 0) continue;
+      taken.slot = &slot;
+      taken.recorded = 2 * ++cache.takes + 1;
+      taken.generation = process_fork_generation();
+      // Relaxed: the hold's release (A2) publishes it to destroy_deallocated(), which reads
+      // it holding the cache.
+      slot.store(taken.recorded, std::memory_order_relaxed);
+      return true;
+    }
+    return false;
+  }
+
+  // Promotes the elapsed magazines; takes out at most kMagazinesPerTake constructed ones, so
+  // that one call runs a bounded number of destructors.
+  void promote_elapsed(pool_cache& cache, taken_magazines& taken) noexcept {
+    std::uint32_t taken_out = 0;
     while (cache.waiting.head != nullptr &&
            reclamation.gp_elapsed(cache.waiting.head->gp_cookie)) {
-      promote(cache, cache.waiting.pop_front());
+      if (cache.waiting.head->constructed && taken_out++ == kMagazinesPerTake) return;
+      magazine* m = cache.waiting.pop_front();
+      if (!promote(cache, m, taken)) {
+        cache.waiting.push_front(m);
+        return;
+      }
     }
+  }
+
+  // After the hold that took them out: destroys the taken magazines' objects (P7), then
+  // hands them to `cache` as ready if it can hold it at once, else to the depot, else back
+  // to the chunks. Returns with `cache` held (the caller releases it) or, if it could not be
+  // held, false.
+  bool finish_taken(pool_cache& cache, taken_magazines& taken) noexcept {
+    for (magazine* m = taken.fifo.head; m != nullptr; m = m->next) make_ready(m);
+    // Acquire (A1): pairs with (A2).
+    const bool held = !cache.held.exchange(true, std::memory_order_acquire);
+    while (taken.fifo.head != nullptr) {
+      magazine* m = taken.fifo.pop_front();
+      if (held) {
+        bump(cache.reused, m->count);
+        cache.ready.push_back(m);
+      } else if (!to_depot(m)) {
+        release_objects(m);
+        free_magazine(m);
+        trim_if_deferred();
+      }
+    }
+    // A take recorded before a fork() is not the child's to end: its slots started free.
+    if (taken.generation == process_fork_generation()) {
+      // Release: the destroy calls above reach destroy_deallocated(), which waits for the
+      // slot to change; pairs with its Acquire load.
+      taken.slot->store(taken.recorded + 1, std::memory_order_release);
+    }
+    return held;
   }
 
   // (P1): the cookie is taken after the magazine's last object was added.
@@ -634,7 +743,7 @@ struct pool_core {
     cache.waiting.push_back(m);
   }
 
-  // Takes magazines from the depot until one is ready; adopts waiting ones on the way.
+  // Takes a magazine from the depot (P4: they are all ready).
   void take_from_depot(pool_cache& cache) noexcept {
     for (unsigned i = 0; i < depot_slots; ++i) {
       if (depot[i].load(std::memory_order_relaxed) == nullptr) continue;
@@ -642,15 +751,8 @@ struct pool_core {
       magazine* m = depot[i].exchange(nullptr, std::memory_order_acquire);
       if (m == nullptr) continue;
       depot_takes.fetch_add(1, std::memory_order_relaxed);
-      if (m->ready) {
-        cache.ready.push_back(m);
-        return;
-      }
-      if (reclamation.gp_elapsed(m->gp_cookie)) {
-        promote(cache, m);
-        return;
-      }
-      cache.waiting.push_back(m);
+      cache.ready.push_back(m);
+      return;
     }
   }
 
@@ -662,11 +764,6 @@ struct pool_core {
       // Acquire (A4): own the magazine; pairs with (A3).
       magazine* m = depot[i].exchange(nullptr, std::memory_order_acquire);
       if (m == nullptr) continue;
-      if (!m->ready && !reclamation.gp_elapsed(m->gp_cookie)) {
-        if (!to_depot(m)) reclamation.retire(m, &pool_core::release_waiting_magazine);
-        continue;
-      }
-      m->ready = true;
       void* object = m->objects()[--m->count];
       if (m->count == 0) {
         free_magazine(m);
@@ -718,7 +815,6 @@ struct pool_core {
       spare_is_fresh = true;
     }
     if (spare != nullptr) {
-      spare->ready = true;
       const std::uint32_t count = spare->count;  // read before to_depot() hands it over (P4)
       if (count != 0 && to_depot(spare)) {
         (spare_is_fresh ? fresh_unheld : reused_unheld)
@@ -796,6 +892,18 @@ struct pool_core {
       release_objects(m);
       stash_magazine(cache, m);
     }
+  }
+
+  // A cache that filled kConsumerMagazines magazines in a row without allocating only frees
+  // (the consumer of a producer-consumer pair): it passes what it does not need to the
+  // depot, where the allocating CPU finds it instead of cutting fresh chunks. One that
+  // allocates keeps up to busy_high for itself: another CPU taking its objects would take
+  // them cold, and a thread that frees in phases (a batch of erases between inserts) fills
+  // a magazine or two between its allocations. Past busy_high, with the depot full, objects
+  // go back to the system.
+  void shed_surplus(pool_cache& cache) noexcept {
+    const bool consumer = cache.magazines_freed_without_allocating >= kConsumerMagazines;
+    shed_ready(cache, consumer ? high : busy_high, busy_high);
   }
 
   void update_gauges(pool_cache& cache) noexcept {
@@ -901,11 +1009,26 @@ struct pool_core {
         again = true;
         continue;
       }
-      if (pool.options_.reuse_after_gp) core->promote_elapsed(cache);
+      taken_magazines taken;
+      if (pool.options_.reuse_after_gp) core->promote_elapsed(cache, taken);
+      if (taken.fifo.head != nullptr) {
+        // (P7): destroyed outside the hold, then the pass goes on holding the cache again.
+        core->update_gauges(cache);
+        pool.release_hold(cache);
+        if (!core->finish_taken(cache, taken)) {
+          again = true;
+          continue;
+        }
+      }
       // Relaxed: only holders write it, and we hold the cache.
       const std::uint64_t allocated = cache.allocated.load(std::memory_order_relaxed);
-      if (allocated == cache.allocated_at_last_trim) {
-        if (cache.freed != nullptr && !cache.freed->empty()) core->seal(cache);
+      const bool idle = allocated == cache.allocated_at_last_trim;
+      // An idle cache's objects start their grace period; so do constructed ones in any
+      // cache, so that each is destroyed within a pass or two of its grace period (P7).
+      if (cache.freed != nullptr && !cache.freed->empty() && (idle || cache.freed->constructed)) {
+        core->seal(cache);
+      }
+      if (idle) {
         core->shed_ready(cache,
                          depot_idle ? std::numeric_limits<std::uint64_t>::max() : trimmed,
                          trimmed);
@@ -928,12 +1051,8 @@ struct pool_core {
       // Acquire (A4): pairs with (A3).
       magazine* m = core->depot[i].exchange(nullptr, std::memory_order_acquire);
       if (m == nullptr) continue;
-      if (m->ready || core->reclamation.gp_elapsed(m->gp_cookie)) {
-        core->release_objects(m);
-        core->free_magazine(m);
-      } else if (!core->to_depot(m)) {
-        core->reclamation.retire(m, &pool_core::release_waiting_magazine);
-      }
+      core->release_objects(m);
+      core->free_magazine(m);
     }
     if (again) core->schedule_trim();
   }
@@ -1035,12 +1154,16 @@ void pool_core::release_every_cache_in_parent() noexcept {
 
 void pool_core::release_every_cache_in_child() noexcept {
   release_every_cache();
+  for (pool_core* core = live_pools; core != nullptr; core = core->fork_next) {
+    core->forget_finishing_in_child();
+  }
   // Pools constructed after the hold spliced the list were not held by this fork: marked,
   // they stay on the stack for the next splice (destructors still find them).
   // Relaxed: the child's only thread.
   for (pool_core* core = new_pools.load(std::memory_order_relaxed); core != nullptr;
        core = core->fork_next) {
     core->fork_skip = true;
+    core->forget_finishing_in_child();
   }
   // Locked by this thread in hold_every_cache(); a fresh mutex rather than an unlock, as
   // grace's own handlers do, before any thread of the child can wait on it.
@@ -1092,6 +1215,10 @@ pool_options resolve_options(std::size_t object_size, pool_options options) {
   if (options.gp_request_threshold == 0) options.gp_request_threshold = 2 * options.batch;
   if (options.allocator.allocate == nullptr || options.allocator.deallocate == nullptr) {
     fail("pool_options.allocator must have both allocate and deallocate");
+  }
+  if (options.destroy != nullptr && !options.reuse_after_gp) {
+    fail("pool_options.destroy requires reuse_after_gp: it runs after an object's grace "
+         "period");
   }
   return options;
 }
@@ -1191,8 +1318,24 @@ object_pool::~object_pool() {
 
 void* object_pool::allocate_slow(detail::pool_cache& cache) {
   detail::pool_core& core = *core_;
-  if (options_.reuse_after_gp) core.promote_elapsed(cache);
-  if (cache.ready.head == nullptr) core.take_from_depot(cache);
+  detail::pool_core::taken_magazines taken;
+  if (options_.reuse_after_gp) core.promote_elapsed(cache, taken);
+  if (cache.ready.head == nullptr && taken.fifo.head == nullptr) core.take_from_depot(cache);
+  if (taken.fifo.head != nullptr) {
+    // (P7): their objects are destroyed outside the hold, then they are this cache's again
+    // (or, with the cache held by another thread meanwhile, the depot's).
+    core.update_gauges(cache);
+    release_hold(cache);
+    if (!core.finish_taken(cache, taken)) {
+      core.schedule_trim();  // for what the cache still holds, whatever calls come next
+      return allocate_contended_slow(detail::current_cpu() & cache_mask_);
+    }
+    // Held again, maybe after another holder loaded a magazine.
+    if (cache.loaded != nullptr && !cache.loaded->empty()) {
+      void* object = cache.loaded->objects()[--cache.loaded->count];
+      return finish_allocate(cache, object);
+    }
+  }
   if (cache.ready.head != nullptr) {
     if (cache.loaded != nullptr) core.stash_magazine(cache, cache.loaded);
     cache.loaded = cache.ready.pop_front();
@@ -1208,6 +1351,11 @@ void* object_pool::allocate_slow(detail::pool_cache& cache) {
     }
   }
   void* object = cache.loaded->objects()[--cache.loaded->count];
+  return finish_allocate(cache, object);
+}
+
+void* object_pool::finish_allocate(detail::pool_cache& cache, void* object) noexcept {
+  detail::pool_core& core = *core_;
   detail::bump(cache.allocated);
   const std::uint64_t waiting = core.waiting_objects(cache);
   const bool trim = core.needs_trim(cache);
@@ -1227,12 +1375,12 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
     if (options_.reuse_after_gp) {
       core.seal(cache);
     } else {
-      target->ready = true;
       cache.ready.push_back(target);
       target = nullptr;
     }
   }
   target = core.new_magazine(cache);
+  if (target != nullptr) target->constructed = options_.destroy != nullptr;  // (P7)
   if (target == nullptr) {
     // No memory for a magazine: the object returns to its chunk after a grace period.
     core.update_gauges(cache);
@@ -1244,14 +1392,8 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
   target->objects()[target->count++] = object;
   if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
   detail::bump(cache.deallocated);
-  if (options_.reuse_after_gp) core.promote_elapsed(cache);
-  // A cache that filled kConsumerMagazines magazines in a row without allocating only frees
-  // (the consumer of a producer-consumer pair): it passes what it does not need to the
-  // depot, where the allocating CPU finds it instead of cutting fresh chunks. One that
-  // allocates keeps up to busy_high for itself: another CPU taking its objects would take
-  // them cold, and a thread that frees in phases (a batch of erases between inserts) fills
-  // a magazine or two between its allocations. Past busy_high, with the depot full, objects
-  // go back to the system.
+  detail::pool_core::taken_magazines taken;
+  if (options_.reuse_after_gp) core.promote_elapsed(cache, taken);
   // Relaxed: only holders write it, and this thread holds the cache.
   const std::uint64_t allocated = cache.allocated.load(std::memory_order_relaxed);
   if (allocated != cache.allocated_at_last_shed) {
@@ -1260,8 +1402,18 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
   } else if (cache.magazines_freed_without_allocating < detail::kConsumerMagazines) {
     ++cache.magazines_freed_without_allocating;
   }
-  const bool consumer = cache.magazines_freed_without_allocating >= detail::kConsumerMagazines;
-  core.shed_ready(cache, consumer ? core.high : core.busy_high, core.busy_high);
+  if (taken.fifo.head != nullptr) {
+    // (P7): their objects are destroyed outside the hold, then they are this cache's again.
+    const std::uint64_t waiting = core.waiting_objects(cache);
+    core.update_gauges(cache);
+    release_hold(cache);
+    if (!core.finish_taken(cache, taken)) {
+      core.drive_gp(waiting);
+      core.schedule_trim();  // for what the cache still holds, whatever calls come next
+      return;
+    }
+  }
+  core.shed_surplus(cache);
   const std::uint64_t waiting = core.waiting_objects(cache);
   const bool trim = core.needs_trim(cache);
   core.update_gauges(cache);
@@ -1348,7 +1500,8 @@ void object_pool::allocate_bulk(void** objects, std::size_t count) {
       release_hold(cache);
     }
   } catch (...) {
-    deallocate_bulk(objects, done);
+    // Nobody has seen them, and they hold nothing (P7: never destroyed).
+    for (std::size_t i = 0; i < done; ++i) deallocate_unconstructed(objects[i]);
     throw;
   }
 }
@@ -1390,6 +1543,78 @@ object_pool& object_pool::owner_of(void* object) noexcept {
   return detail::pool_core::chunk_of(object)->core->pool;
 }
 
+void object_pool::deallocate_unconstructed(void* object) noexcept {
+  if (object == nullptr) return;
+  detail::pool_core& core = *core_;
+  core.unheld_deallocations.fetch_add(1, std::memory_order_relaxed);  // Relaxed: a statistic.
+  core.release_object(object);
+}
+
+void object_pool::destroy_deallocated() {
+  detail::pool_core& core = *core_;
+  // Holders wait for nothing (P3): wait for them. In a fork() child, a cache of a pool built
+  // during the fork may stay held by a thread the child does not have: after a while, it is
+  // skipped (what it holds is lost to the child).
+  auto hold = [&core](detail::pool_cache& cache) {
+    // Acquire (A1): pairs with (A2).
+    for (unsigned tries = 0; cache.held.exchange(true, std::memory_order_acquire); ++tries) {
+      if (core.fork_skip && tries == detail::kForkSkippedHoldTries) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  };
+  // Every object deallocated before the call is now in a sealed magazine, retired alone, or
+  // in magazines a holder took out to finish (P7).
+  for (unsigned i = 0; i <= cache_mask_; ++i) {
+    detail::pool_cache& cache = caches_[i];
+    if (!hold(cache)) continue;
+    if (cache.freed != nullptr && !cache.freed->empty()) core.seal(cache);
+    release_hold(cache);
+  }
+  // Sealed magazines carry cookies up to this one: they elapse, and the objects retired alone
+  // are destroyed.
+  const std::uint64_t sealed_by = domain_.gp_cookie();
+  domain_.synchronize();
+  domain_.barrier();
+  if (options_.destroy == nullptr) return;
+  // In each cache the magazines sealed above are all elapsed: those still waiting are
+  // finished here, and the takes recorded in its finishing slots when it is held (the
+  // holders that took the others out, and maybe later ones) are waited for. A take stops at
+  // kMagazinesPerTake, or finds every slot busy: while magazines sealed above are left
+  // waiting, look again (waiting is in cookie order). The depot only ever holds ready
+  // magazines.
+  for (unsigned i = 0; i <= cache_mask_; ++i) {
+    detail::pool_cache& cache = caches_[i];
+    for (bool left_waiting = true; left_waiting;) {
+      if (!hold(cache)) break;
+      detail::pool_core::taken_magazines taken;
+      core.promote_elapsed(cache, taken);
+      left_waiting = cache.waiting.head != nullptr && cache.waiting.head->constructed &&
+                     cache.waiting.head->gp_cookie <= sealed_by;
+      std::uint64_t seen[detail::kFinishingSlots];
+      for (unsigned s = 0; s < detail::kFinishingSlots; ++s) {
+        // Acquire: a slot already freed carries its finisher's destroy calls; pairs with
+        // the Release store in finish_taken(). A busy one is waited for below.
+        seen[s] = cache.finishing[s].load(std::memory_order_acquire);
+      }
+      core.update_gauges(cache);
+      release_hold(cache);
+      if (taken.fifo.head != nullptr && core.finish_taken(cache, taken)) {
+        core.update_gauges(cache);
+        release_hold(cache);
+      }
+      for (unsigned s = 0; s < detail::kFinishingSlots; ++s) {
+        if (seen[s] % 2 == 0) continue;
+        // Acquire: the finisher's destroy calls; pairs with the Release store in
+        // finish_taken().
+        while (cache.finishing[s].load(std::memory_order_acquire) == seen[s]) {
+          std::this_thread::yield();
+        }
+      }
+    }
+  }
+}
+
 void object_pool::forget_allocated() noexcept {
   // Relaxed: read by the destructor on the same thread (or after the owner's hand-off).
   core_->forget_allocated.store(true, std::memory_order_relaxed);
@@ -1414,6 +1639,7 @@ pool_stats object_pool::stats() const noexcept {
   s.reused_from_chunks += core.reused_unheld.load(std::memory_order_relaxed);
   s.deallocated += core.unheld_deallocations.load(std::memory_order_relaxed);
   s.returned_to_system = core.returned.load(std::memory_order_relaxed);
+  s.destroyed = core.destroyed.load(std::memory_order_relaxed);
   s.held_bytes = core.held_bytes.load(std::memory_order_relaxed);
   s.peak_held_bytes = core.peak_held_bytes.load(std::memory_order_relaxed);
   s.chunks = core.chunks.load(std::memory_order_relaxed);

@@ -40,7 +40,6 @@
 #include <set>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -57,6 +56,7 @@ namespace gt = grace::testing;
 namespace ga = grace::testing::alloc;
 using namespace std::chrono_literals;
 using ga::describe;
+using ga::rejects;
 
 constexpr std::size_t kChunkBytes = std::size_t{64} << 10;  // object_pool.h: 64 KiB chunks
 constexpr std::size_t kLargestObject = grace::object_pool::max_object_size;  // 3 a chunk
@@ -85,25 +85,6 @@ std::size_t caches() { return grace::detail::cpu_shard_count(); }
 
 std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
-}
-
-// Succeeds iff constructing a pool of `object_size` with `options` throws
-// std::invalid_argument whose message names `option`.
-::testing::AssertionResult rejects(std::size_t object_size, const grace::pool_options& options,
-                                   std::string_view option) {
-  grace::domain d(quiet());
-  try {
-    grace::object_pool pool(object_size, options, d);
-  } catch (const std::invalid_argument& e) {
-    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
-      return ::testing::AssertionSuccess();
-    }
-    return ::testing::AssertionFailure()
-           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw something else: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "the pool accepted the options";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Helpers shared by object_pool_test.cc and object_pool_stress_test.cc (test-only).
+// Helpers shared by the object_pool tests (test-only).
 //
 //   reuse_oracle oracle(d);                   // the pool's guarantee, checked from outside
 //   void* p = pool.allocate();  oracle.on_allocate(p);
@@ -20,6 +20,7 @@
 //     always meets the same per-CPU cache.
 //   - fill_object / object_intact: every byte of an object set to one value, and checked.
 //   - describe(pool_stats): every field, for failure messages.
+//   - rejects(): whether a pool's constructor throws std::invalid_argument naming an option.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -29,11 +30,15 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -155,11 +160,34 @@ inline std::string describe(const grace::pool_stats& s) {
   return "allocated=" + std::to_string(s.allocated) + " deallocated=" +
          std::to_string(s.deallocated) + " fresh=" + std::to_string(s.fresh) +
          " reused_from_chunks=" + std::to_string(s.reused_from_chunks) +
-         " reused_after_gp=" + std::to_string(s.reused_after_gp) + " returned_to_system=" +
+         " reused_after_gp=" + std::to_string(s.reused_after_gp) + " destroyed=" +
+         std::to_string(s.destroyed) + " returned_to_system=" +
          std::to_string(s.returned_to_system) + " ready=" + std::to_string(s.ready) +
          " waiting_for_gp=" + std::to_string(s.waiting_for_gp) + " held_bytes=" +
          std::to_string(s.held_bytes) + " peak_held_bytes=" + std::to_string(s.peak_held_bytes) +
          " chunks=" + std::to_string(s.chunks);
+}
+
+// Succeeds iff constructing a pool of `object_size` with `options` throws
+// std::invalid_argument whose message names `option`.
+inline ::testing::AssertionResult rejects(std::size_t object_size,
+                                          const grace::pool_options& options,
+                                          std::string_view option) {
+  grace::domain_options quiet;
+  quiet.drain_interval = std::chrono::seconds(10);  // no timer work while the pool is built
+  grace::domain d(quiet);
+  try {
+    grace::object_pool pool(object_size, options, d);
+  } catch (const std::invalid_argument& e) {
+    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure()
+           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw something else: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "the pool accepted the options";
 }
 
 // ---------------------------------------------------------------------------------------------

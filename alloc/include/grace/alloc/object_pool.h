@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <utility>
 
 #include "grace/alloc/detail/asan.h"
@@ -80,6 +81,16 @@ struct pool_options {
   // for anything a fork() holds (grace, another thread's fork, or a lock that a
   // pthread_atfork prepare handler registered after grace's takes), nor fork itself.
   system_allocator allocator{};
+  // Set, deallocate() takes an object that is still constructed, and the pool runs
+  // destroy(object) once, after the object's grace period and before its memory is handed
+  // out again or released (alloc/README.md, "Destroying after the grace period"). It runs a
+  // magazine at a time, on the thread whose pool call finds the grace period over (inside
+  // that call, and so inside the caller's read section if it is in one), on the domain's
+  // worker (the idle trim), in destroy_deallocated() or in ~object_pool(); never while a
+  // cache is held. So it may allocate memory, take locks and use this pool (except from
+  // ~object_pool()), but must not wait for a grace period nor fork. Requires
+  // reuse_after_gp.
+  void (*destroy)(void* object) noexcept = nullptr;
 };
 
 // Approximate snapshot; fields are not mutually consistent. Never reset.
@@ -89,6 +100,7 @@ struct pool_stats {
   std::uint64_t reused_after_gp = 0;      // objects made allocatable again after a GP
   std::uint64_t fresh = 0;                // objects cut from new chunks
   std::uint64_t reused_from_chunks = 0;   // objects handed out again from chunks' free slots
+  std::uint64_t destroyed = 0;            // objects pool_options::destroy ran on
   std::uint64_t returned_to_system = 0;   // objects released to their chunks
   std::uint64_t ready = 0;                // gauge: allocatable objects held (per-cache lag)
   std::uint64_t waiting_for_gp = 0;       // gauge: deallocated, grace period not yet elapsed
@@ -115,9 +127,19 @@ class object_pool {
   // Returns uninitialized memory for one object. Throws std::bad_alloc when the system has
   // no memory, leaving the pool consistent.
   void* allocate();
-  // Requires: object came from this pool's allocate() and is deallocated once. May be called
-  // inside a read section. nullptr is ignored.
+  // Requires: object came from this pool's allocate() and is deallocated once (with
+  // pool_options::destroy, still constructed). May be called inside a read section. nullptr
+  // is ignored.
   void deallocate(void* object) noexcept;
+  // Memory from allocate() that holds no object (its construction threw) and that nobody
+  // else has seen: handed out again without a grace period, and never destroyed.
+  void deallocate_unconstructed(void* object) noexcept;
+  // Returns once pool_options::destroy has run on every object deallocated before the call,
+  // running it here on those whose grace period this call waits for (without a destroy hook,
+  // it only waits for a grace period). In a fork() child, objects a thread of the parent was
+  // destroying are lost with that thread. Requires: the caller is not in a read section, a
+  // retire() deleter or a destroy hook (std::logic_error from the domain).
+  void destroy_deallocated();
   // All or nothing: on std::bad_alloc no object is left allocated.
   void allocate_bulk(void** objects, std::size_t count);
   void deallocate_bulk(void* const* objects, std::size_t count) noexcept;
@@ -141,6 +163,8 @@ class object_pool {
   [[gnu::cold, gnu::noinline]] void* allocate_slow(detail::pool_cache& cache);
   [[gnu::cold, gnu::noinline]] void deallocate_slow(detail::pool_cache& cache,
                                                     void* object) noexcept;
+  // allocate_slow()'s end: counts `object` (taken from the held `cache`) and releases it.
+  void* finish_allocate(detail::pool_cache& cache, void* object) noexcept;
   // The CPU's cache was held by another thread.
   [[gnu::cold, gnu::noinline]] void* allocate_contended_slow(unsigned home);
   [[gnu::cold, gnu::noinline]] void deallocate_contended_slow(unsigned home,
@@ -197,12 +221,14 @@ inline void object_pool::deallocate(void* object) noexcept {
 
 // A typed face over object_pool: create() constructs, destroy() destroys and deallocates.
 // destroy() runs ~T() at once: for an object readers may still see, either T is trivially
-// destructible, or retire it through the domain and destroy it from the deleter.
+// destructible, or retire it through the domain and destroy it from the deleter. (For ~T()
+// after the grace period, use an object_pool with pool_options::destroy directly.)
 template <class T>
 class typed_pool {
  public:
+  // Throws std::invalid_argument for options.destroy: destroy() runs ~T() itself.
   explicit typed_pool(pool_options options = {}, domain& reclamation = domain::global())
-      : pool_(sizeof(T), with_alignment(options), reclamation) {}
+      : pool_(sizeof(T), checked(options), reclamation) {}
 
   template <class... Args>
   T* create(Args&&... args) {
@@ -210,7 +236,7 @@ class typed_pool {
     try {
       return new (memory) T(std::forward<Args>(args)...);
     } catch (...) {
-      pool_.deallocate(memory);
+      pool_.deallocate_unconstructed(memory);
       throw;
     }
   }
@@ -224,7 +250,11 @@ class typed_pool {
   pool_stats stats() const noexcept { return pool_.stats(); }
 
  private:
-  static pool_options with_alignment(pool_options options) {
+  static pool_options checked(pool_options options) {
+    if (options.destroy != nullptr) {
+      throw std::invalid_argument(
+          "grace::typed_pool: pool_options.destroy must be null: destroy() runs ~T() itself");
+    }
     if (options.alignment == 0) options.alignment = alignof(T);
     return options;
   }

@@ -6,10 +6,10 @@
 //      |                                   ^
 //      v                                   |
 //   cache.freed --full, stamped--> cache.waiting --cookie elapsed--> cache.ready -> cache.loaded
-//   (per CPU)     with gp_cookie    (FIFO)                            (stack)
-//        \                 \                                          /
-//         \--- surplus -----> depot_ (slots, any CPU takes an elapsed magazine) <--
-//                             full depot: released to their chunks (waiting ones via retire())
+//   (per CPU)     with gp_cookie    (FIFO)                      surplus |  ^ (stack)
+//                                                                     v  |
+//                                  depot (slots of ready magazines, any CPU takes one)
+//                                  full depot: surplus released to its chunks
 //
 // A magazine is an array of object pointers. Objects in the caches and the depot are never
 // linked through their own memory: a reader may still be reading a freed object until its
@@ -28,9 +28,23 @@
 //        mode skips the wait and is unsafe for readers).
 //   (P3) A cache's lists are touched only by the thread holding it (held == true). A holder
 //        waits for nothing but the pool's system_allocator while it holds: no lock, fork
-//        gate, retire(), grace period, or pool construction or destruction (fork() relies
-//        on it: it holds every cache itself, waiting for the holders; object_pool.cc).
+//        gate, retire(), grace period, pool construction or destruction, or
+//        pool_options::destroy (fork() relies on it: it holds every cache itself, waiting
+//        for the holders; object_pool.cc).
 //   (P4) A magazine in a depot slot is owned by the slot; it moves out by one exchange.
+//        Only ready magazines enter the depot.
+//   (P7) With pool_options::destroy, a magazine whose `constructed` is set holds objects
+//        still constructed: `freed` and `waiting` magazines are such (the depot only ever
+//        holds ready ones). It becomes ready only through make_ready(), which runs destroy
+//        on each object outside any cache hold, after the magazine's cookie elapsed: a
+//        holder that finds such a magazine elapsed takes it out of the cache (recording the
+//        take in a slot of the cache's `finishing`) and finish_taken() makes it ready after
+//        the hold.
+//        So every object handed out, or released to a chunk, has been destroyed
+//        (release_objects() destroys a constructed magazine's objects first). A take is
+//        recorded in a free slot of the cache's `finishing` (none free: nothing is taken) so
+//        that destroy_deallocated() can wait for it; a fork() child loses the takes its
+//        parent's other threads had in hand, and frees their slots.
 //   (P5) A chunk's free-slot bitmap and free_slots, and the pool's lists of chunks with
 //        free slots (partial_head, partial_chunks) and of chunks with no slot in use
 //        (emptied), change only under the pool's chunk lock. A slot is in exactly one place:
@@ -90,7 +104,7 @@ struct magazine {
   std::uint64_t gp_cookie = 0;  // (P1) taken when the magazine was sealed
   std::uint32_t count = 0;
   std::uint32_t capacity;
-  bool ready = false;           // (P2) its cookie elapsed (set when promoted)
+  bool constructed = false;     // (P7) its objects still wait for pool_options::destroy
 
   explicit magazine(std::uint32_t magazine_capacity) noexcept : capacity(magazine_capacity) {}
 
@@ -137,6 +151,9 @@ struct magazine_fifo {
 
 struct chunk;
 
+// Takes of constructed magazines out of one cache that may be finished at once (P7).
+inline constexpr unsigned kFinishingSlots = 4;
+
 struct alignas(64) pool_cache {
   // The fast paths touch only this first cache line.
   std::atomic<bool> held{false};  // (A1)/(A2)
@@ -162,6 +179,12 @@ struct alignas(64) pool_cache {
   std::atomic<std::uint64_t> reused_from_chunks{0};
   std::atomic<std::uint64_t> ready_gauge{0};    // refreshed on slow paths
   std::atomic<std::uint64_t> waiting_gauge{0};  // refreshed on slow paths
+  // (P7): the takes of constructed magazines out of this cache still being finished. A slot
+  // holds 2 x the take's number + 1 while its take is finished, an even value while free;
+  // holders claim free slots (a hold that finds none takes nothing), finish_taken() frees
+  // them, and destroy_deallocated() waits for the takes it saw.
+  std::atomic<std::uint64_t> finishing[kFinishingSlots] = {};
+  std::uint64_t takes = 0;  // the holder's: numbers the takes
 };
 
 // Test seam: when set, every pool calls it at the end of each hold of its chunk lock, still
