@@ -100,6 +100,11 @@ inline grace::domain& grace_bench_domain() {
   return own;
 }
 
+// Where grace's maps destroy erased and replaced elements (--grace-destruction), for values
+// with a destructor (--value string). Set by the tool before any map is built.
+inline grace::element_destruction grace_destruction =
+    grace::element_destruction::on_reclaim_worker;
+
 template <class Value>
 class grace_map_of {
  public:
@@ -118,7 +123,8 @@ class grace_map_of {
   };
 
   explicit grace_map_of(std::size_t capacity_hint)
-      : map_(grace::hash_map_options{.reclamation = &grace_bench_domain()}) {
+      : map_(grace::hash_map_options{.reclamation = &grace_bench_domain(),
+                                     .destruction = grace_destruction}) {
     map_.reserve(capacity_hint);
   }
 

@@ -52,11 +52,13 @@
 //                    none: a map without read sections (absl, oneTBB, libcuckoo)
 //   worker_nice      grace: its reclaim worker's nice value (--grace-worker-nice; 0: the
 //                    global domain's worker, at the process's nice value); na for the others
+//   destruction      grace: where erased and replaced elements with a destructor are
+//                    destroyed (--grace-destruction: on_reclaim_worker, by_updaters); na for
+//                    the others
 //   value            fixed64: 64-byte trivially copyable values (value64, the default);
 //                    string: the same 64 bytes in a std::string (--value string), so every
-//                    stored value owns heap memory, and grace's elements, which then have a
-//                    destructor, are retired through the domain rather than handed straight
-//                    back to the element pool (footprint and destroy rows carry it too)
+//                    stored value owns heap memory, and grace's elements then have a
+//                    destructor (see destruction; footprint and destroy rows carry it too)
 // footprint: resident_mib (RSS growth after filling), bytes_per_key. destroy: ns_per_element
 // and destroy_ms (the destructor, on a helper thread), fill_s, fill_mib, left_mib (RSS after
 // the destructor and malloc_trim, relative to before the map was built).
@@ -173,6 +175,7 @@ struct config {
   bool batch_read_sections = true;
   bool string_values = false;  // std::string values (--value string), not value64
   int grace_worker_nice = 0;   // grace's reclaim worker (--grace-worker-nice)
+  bool grace_by_updaters = false;  // --grace-destruction by_updaters
 };
 
 const char* value_name(bool string_values) { return string_values ? "string" : "fixed64"; }
@@ -752,9 +755,20 @@ std::string worker_nice_of(const config& cfg) {
   return std::string(Map::kName) == "grace" ? std::to_string(cfg.grace_worker_nice) : "na";
 }
 
+const char* destruction_name(bool by_updaters) {
+  return by_updaters ? "by_updaters" : "on_reclaim_worker";
+}
+
+// What a result line's destruction= says: where grace destroys erased elements; na for the
+// other maps.
+template <class Map>
+const char* destruction_of(const config& cfg) {
+  return std::string(Map::kName) == "grace" ? destruction_name(cfg.grace_by_updaters) : "na";
+}
+
 result timed_result(const char* map, const char* value, use_case uc, unsigned threads,
                     const case_result& c, const char* read_sections,
-                    const std::string& worker_nice) {
+                    const std::string& worker_nice, const char* destruction) {
   const timed_stats& s = c.stats;
   result r;
   r.add("bench", "map").add("map", map).add("value", value).add("use_case", use_case_name(uc));
@@ -770,6 +784,7 @@ result timed_result(const char* map, const char* value, use_case uc, unsigned th
   r.add("cpu_cores", s.cpu_cores, 2);
   r.add("read_sections", read_sections);
   r.add("worker_nice", worker_nice);
+  r.add("destruction", destruction);
   return r;
 }
 
@@ -801,7 +816,7 @@ void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
   // Lookups and mixed operations are single operations: one read section each.
   st.sink.emit(timed_result(Map::kName, value_name_of<Map>(), uc, st.cfg.producers, c,
                             read_sections_of<Map>(!keyed && st.cfg.batch_read_sections),
-                            worker_nice_of<Map>(st.cfg)));
+                            worker_nice_of<Map>(st.cfg), destruction_of<Map>(st.cfg)));
 }
 
 template <class Map>
@@ -1022,7 +1037,9 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
                                    "--value",
                                    value_name(cfg.string_values),
                                    "--grace-worker-nice",
-                                   std::to_string(cfg.grace_worker_nice)};
+                                   std::to_string(cfg.grace_worker_nice),
+                                   "--grace-destruction",
+                                   destruction_name(cfg.grace_by_updaters)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -1094,7 +1111,11 @@ void describe(options_spec& spec) {
   spec.add_choice("value", "fixed64", {"fixed64", "string"},
                   "what each map stores: a 64-byte trivially copyable struct, or the same 64 "
                   "bytes in a std::string (heap-allocated: grace's elements then have a "
-                  "destructor and go through the domain's retire())");
+                  "destructor, see --grace-destruction)");
+  spec.add_choice("grace-destruction", "on_reclaim_worker", {"on_reclaim_worker", "by_updaters"},
+                  "where grace destroys erased and replaced elements that have a destructor "
+                  "(hash_map_options::destruction): retired to the domain's reclaim worker, or "
+                  "pooled and destroyed by the updating threads after the grace period");
   spec.add_count("grace-worker-nice", 0,
                  "grace's reclaim worker's nice value: 0 uses the global domain, above 0 a "
                  "domain of the process's own (domain_options::worker_nice)",
@@ -1128,6 +1149,9 @@ int run(const parsed_options& options, reporter& out) {
   cfg.string_values = options.choice("value") == "string";
   cfg.grace_worker_nice = static_cast<int>(options.count("grace-worker-nice"));
   grace_worker_nice = cfg.grace_worker_nice;
+  cfg.grace_by_updaters = options.choice("grace-destruction") == "by_updaters";
+  grace_destruction = cfg.grace_by_updaters ? grace::element_destruction::by_updaters
+                                            : grace::element_destruction::on_reclaim_worker;
   cfg.footprint_keys = options.count("footprint-keys");
   cfg.destroy_elements = options.count("destroy-elements");
   if (options.given("keys")) {

@@ -38,6 +38,14 @@ hash_map_config validate_hash_map_options(const hash_map_options& options) {
     fail("pool.reuse_after_gp must be true: a map's readers rely on elements never being "
          "reused before a grace period");
   }
+  if (options.pool.destroy != nullptr) {
+    fail("pool.destroy must be null: the map destroys its elements (see destruction)");
+  }
+  if (options.destruction != element_destruction::on_reclaim_worker &&
+      options.destruction != element_destruction::by_updaters) {
+    fail("destruction must be an element_destruction, got " +
+         std::to_string(static_cast<int>(options.destruction)));
+  }
   return hash_map_config{options.initial_buckets, options.min_buckets, options.max_buckets,
                          options.grow_load_factor, options.shrink_load_factor};
 }

@@ -33,9 +33,10 @@ def variant(hash_name="mixed", strings=False, three_threads=False):
     return HASHES.index(hash_name) | (8 if strings else 0) | (0x10 if three_threads else 0)
 
 
-def options(grow=1.0, max_buckets=256, initial16=False, tight_pool=False, min4=False):
+def options(grow=1.0, max_buckets=256, initial16=False, tight_pool=False, min4=False,
+            by_updaters=False):
     return (GROW.index(grow) | MAX_BUCKETS.index(max_buckets) << 2 | (0x10 if initial16 else 0)
-            | (0x20 if tight_pool else 0) | (0x40 if min4 else 0))
+            | (0x20 if tight_pool else 0) | (0x40 if min4 else 0) | (0x80 if by_updaters else 0))
 
 
 def model_op(name, key=0, arg=0):
@@ -102,10 +103,16 @@ def model_seeds():
               + model_op("find", 5) + model_op("for_each") + model_op("insert", 9))
     seeds["pin_across_updates"] = bytes([variant(), options(tight_pool=True)]) + pinned
     seeds["pin_strings"] = bytes([variant("constant", strings=True), options(tight_pool=True)]) + pinned
+    # The same with the pool destroying erased elements (element_destruction::by_updaters).
+    seeds["pin_strings_by_updaters"] = bytes([variant("constant", strings=True),
+                                              options(tight_pool=True, by_updaters=True)]) + pinned
     # Replacements of a few keys over and over: elements cycle through the pool.
     churn = b"".join(model_op(op, k) for _ in range(20) for k in range(4)
                      for op in ("insert_or_assign", "update", "assign", "erase", "insert"))
     seeds["churn_tight_pool"] = bytes([variant("high_bits"), options(0.5, 32, tight_pool=True)]) + churn
+    seeds["churn_strings_by_updaters"] = bytes([variant("high_bits", strings=True),
+                                                options(0.5, 32, tight_pool=True,
+                                                        by_updaters=True)]) + churn
     # The members added in session 8: moved keys inserted and given back (present keys),
     # count, insert_or_update both ways, extract of present and absent keys, the table's
     # bounds and load factor, for_each stopped early, and erase_if(pred) over the whole map
@@ -203,6 +210,8 @@ def thread_seeds():
         own_churn(2) + shared_fight(2), shared_fight(3) + clears(2))
     seeds["strings_3_mod5"] = header("mod5", strings=True, three=True, grow=2.0) + deal(
         swings(3) + pins(2), shared_fight(3), own_churn(2))
+    seeds["strings_by_updaters"] = header(strings=True, tight_pool=True, by_updaters=True) + deal(
+        own_churn(2) + pins(2), shared_fight(3) + clears(2))
     seeds["foreach_during_updates"] = header("identity", max_buckets=32) + deal(
         [thread_op("for_each", delay=d % 4) for d in range(40)], swings(5) + shared_fight(2))
 

@@ -192,6 +192,8 @@ struct value_codec<std::string> {
 //   bit 5:    a tight element pool: tiny per-CPU caches, and the updating thread runs a
 //             grace period itself after a few frees, so elements are reused within an input
 //   bit 6:    min_buckets 4 instead of 1
+//   bit 7:    element_destruction::by_updaters (for std::string keys and values: the pool
+//             destroys erased elements after their grace period)
 inline hash_map_options decode_options(std::uint8_t bits) {
   constexpr double kGrow[] = {1.0, 0.5, 2.0, 4.0};
   constexpr std::size_t kMaxBuckets[] = {256, 4, 32, 4096};
@@ -201,6 +203,7 @@ inline hash_map_options decode_options(std::uint8_t bits) {
   options.max_buckets = kMaxBuckets[(bits >> 2) & 3];
   options.min_buckets = (bits & 0x40) != 0 ? 4 : 1;
   options.initial_buckets = (bits & 0x10) != 0 ? 16 : 1;
+  if ((bits & 0x80) != 0) options.destruction = element_destruction::by_updaters;
   if ((bits & 0x20) != 0) {
     options.pool.low_watermark = 1;
     options.pool.high_watermark = 4;

@@ -57,7 +57,10 @@ namespace {
 namespace gt = grace::testing;
 namespace gm = grace::testing::map;
 using gm::checked_value;
+using gm::lifetime_object;
+using gm::lifetime_registry;
 using gm::mod7_hash;
+using gm::rejects;
 using namespace std::chrono_literals;
 
 constexpr auto kNoDeadlock = 60s;  // watchdog budget for scopes that must finish
@@ -81,129 +84,6 @@ grace::hash_map_options resize_options(std::size_t min_buckets, std::size_t max_
   options.shrink_load_factor = grow_load_factor / 8;
   return options;
 }
-
-// ---------------------------------------------------------------------------------------------
-// Instance accounting.
-
-// Hands out serial numbers to lifetime_object instances and counts destructions per serial.
-// Serials past `capacity` are counted in the totals only (and reported by each_destroyed_once).
-class lifetime_registry {
- public:
-  explicit lifetime_registry(std::size_t capacity)
-      : capacity_(capacity), destroyed_(new std::atomic<std::uint8_t>[capacity]()) {}
-  lifetime_registry(const lifetime_registry&) = delete;
-  lifetime_registry& operator=(const lifetime_registry&) = delete;
-
-  // Relaxed (every counter here): tallies; the tests read them after a join, clear() or
-  // barrier(), which is the ordering under test.
-  std::uint64_t on_construct() noexcept {
-    return constructed_.fetch_add(1, std::memory_order_relaxed);
-  }
-  void on_destroy(std::uint64_t serial, bool intact) noexcept {
-    if (!intact) corrupt_.fetch_add(1, std::memory_order_relaxed);
-    if (serial < capacity_) {
-      std::uint8_t count = destroyed_[serial].load(std::memory_order_relaxed);
-      // Relaxed: a saturating per-serial tally (255 means "many").
-      while (count < 255 && !destroyed_[serial].compare_exchange_weak(count, count + 1,
-                                                                      std::memory_order_relaxed)) {
-      }
-    }
-    destroyed_total_.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  std::uint64_t constructed() const noexcept {
-    return constructed_.load(std::memory_order_relaxed);
-  }
-  std::uint64_t destroyed() const noexcept {
-    return destroyed_total_.load(std::memory_order_relaxed);
-  }
-  std::int64_t live() const noexcept {
-    return static_cast<std::int64_t>(constructed()) - static_cast<std::int64_t>(destroyed());
-  }
-  std::uint64_t corrupt() const noexcept { return corrupt_.load(std::memory_order_relaxed); }
-
-  // Every instance ever constructed was destroyed exactly once, each with its canary intact.
-  ::testing::AssertionResult each_destroyed_once() const {
-    const std::uint64_t made = constructed();
-    if (made > capacity_) {
-      return ::testing::AssertionFailure()
-             << made << " instances exceed the registry's capacity of " << capacity_;
-    }
-    std::uint64_t wrong = 0;
-    std::uint64_t first_wrong = 0;
-    unsigned first_count = 0;
-    for (std::uint64_t serial = 0; serial < made; ++serial) {
-      const unsigned count = destroyed_[serial].load(std::memory_order_relaxed);
-      if (count != 1 && wrong++ == 0) {
-        first_wrong = serial;
-        first_count = count;
-      }
-    }
-    if (wrong == 0 && corrupt() == 0 && destroyed() == made) {
-      return ::testing::AssertionSuccess();
-    }
-    auto failure = ::testing::AssertionFailure();
-    failure << made << " instances constructed, " << destroyed() << " destructions, " << corrupt()
-            << " with a poisoned canary";
-    if (wrong != 0) {
-      failure << "; " << wrong << " not destroyed exactly once, the first is serial " << first_wrong
-              << " (destroyed " << first_count << " times)";
-    }
-    return failure;
-  }
-
- private:
-  const std::size_t capacity_;
-  std::unique_ptr<std::atomic<std::uint8_t>[]> destroyed_;
-  std::atomic<std::uint64_t> constructed_{0};
-  std::atomic<std::uint64_t> destroyed_total_{0};
-  std::atomic<std::uint64_t> corrupt_{0};
-};
-
-// A key or value with a non-trivial destructor. Every constructor (copy and move included)
-// registers a new instance; the destructor checks, then poisons, the canary. Equality and
-// hashing look at the payload only.
-class lifetime_object {
- public:
-  static constexpr std::uint64_t kAlive = 0x11fe11fe11fe11feULL;
-  static constexpr std::uint64_t kPoison = 0xdeaddeaddeaddeadULL;
-
-  lifetime_object(lifetime_registry& registry, std::uint64_t payload) noexcept
-      : registry_(&registry), serial_(registry.on_construct()), payload_(payload) {}
-  lifetime_object(const lifetime_object& other) noexcept
-      : registry_(other.registry_), serial_(registry_->on_construct()), payload_(other.payload_) {}
-  lifetime_object& operator=(const lifetime_object& other) noexcept {
-    payload_ = other.payload_;
-    return *this;
-  }
-  ~lifetime_object() {
-    const bool was_intact = intact();
-    // Relaxed: poison for a reader that (wrongly) still holds the instance; see intact().
-    canary_.store(kPoison, std::memory_order_relaxed);
-    registry_->on_destroy(serial_, was_intact);
-  }
-
-  std::uint64_t payload() const noexcept { return payload_; }
-  // True while the instance has not been destroyed; readers call it concurrently.
-  bool intact() const noexcept {
-    // Relaxed: compared by value only; an early destruction is what the tests detect.
-    return canary_.load(std::memory_order_relaxed) == kAlive;
-  }
-
-  friend bool operator==(const lifetime_object& a, const lifetime_object& b) noexcept {
-    return a.payload_ == b.payload_;
-  }
-  template <class H>
-  friend H AbslHashValue(H h, const lifetime_object& object) {
-    return H::combine(std::move(h), object.payload_);
-  }
-
- private:
-  lifetime_registry* registry_;
-  std::uint64_t serial_;
-  std::uint64_t payload_;
-  std::atomic<std::uint64_t> canary_{kAlive};
-};
 
 using lifetime_map = grace::hash_map<lifetime_object, lifetime_object>;
 
@@ -231,23 +111,6 @@ class counted_build {
   int value_;
 };
 
-// Success iff constructing a map with `options` throws std::invalid_argument whose message
-// names `option`.
-::testing::AssertionResult rejects(const grace::hash_map_options& options,
-                                   std::string_view option) {
-  try {
-    u64_map map(options);
-  } catch (const std::invalid_argument& e) {
-    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
-      return ::testing::AssertionSuccess();
-    }
-    return ::testing::AssertionFailure()
-           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw something else: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "the map accepted the options";
-}
 
 // Every key in `expected` maps to its value through find(), and for_each() visits exactly
 // these keys, each once, with these values; size() agrees.

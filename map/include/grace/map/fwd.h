@@ -7,6 +7,7 @@
 
 namespace grace {
 
+enum class element_destruction : int;
 struct hash_map_options;
 struct hash_map_stats;
 template <class Key, class Value, class Hash = absl::Hash<Key>,
