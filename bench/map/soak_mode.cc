@@ -3,12 +3,13 @@
 // operation reads is checked. It is a test, not a benchmark: its rates are only reported.
 //
 // Maps (the global domain; default options, except that initial_buckets changes each time
-// the maps are rebuilt):
+// the maps are rebuilt, and the text map's destruction alternates between its two modes):
 //   pod   hash_map<uint64_t, pod_value>: 128-byte trivially destructible values (elements
 //         go straight back to the pool); --keys key indices
 //   text  hash_map<std::string, std::string>: heap-allocated keys and 32..256-byte binary
-//         string values (non-trivial destruction: elements are retired through the domain);
-//         a quarter as many key indices
+//         string values (non-trivial destruction: elements are retired through the domain,
+//         or, in every other build, destroyed by the updaters through the pool); a quarter
+//         as many key indices
 // Every value carries its key index, its writer (a thread), the writer's sequence number, a
 // payload, and a checksum over all of that. Every value read (find, visit, a pinned view's
 // find, for_each, update's f, erase_if's predicate, the quiescent check) is verified: the
@@ -345,7 +346,7 @@ struct map_state {
   std::uint64_t past_shrinks = 0;
 
   // Main thread, workers parked (or not started).
-  void build(std::size_t initial_buckets) {
+  void build(std::size_t initial_buckets, element_destruction destruction) {
     if (map) {
       const hash_map_stats s = map->stats();
       past_grows += s.grows;
@@ -354,6 +355,7 @@ struct map_state {
     }
     hash_map_options options;
     options.initial_buckets = initial_buckets;
+    options.destruction = destruction;
     map = std::make_unique<map_type>(options);
   }
   std::uint64_t grows() const { return past_grows + map->stats().grows; }
@@ -1197,10 +1199,10 @@ int run(const parsed_options& options, reporter& out) {
 
   map_state<pod_traits> pod;
   pod.plan = key_plan{keys, threads};
-  pod.build(hash_map_options{}.initial_buckets);
+  pod.build(hash_map_options{}.initial_buckets, element_destruction::on_reclaim_worker);
   map_state<text_traits> text;
   text.plan = key_plan{keys / kTextKeyDivisor, threads};
-  text.build(hash_map_options{}.initial_buckets);
+  text.build(hash_map_options{}.initial_buckets, element_destruction::on_reclaim_worker);
 
   std::vector<std::unique_ptr<soak_thread>> workers;
   for (unsigned t = 0; t < threads; ++t) {
@@ -1312,8 +1314,9 @@ int run(const parsed_options& options, reporter& out) {
       // Destroy and build again: the destructor's bulk release, a fresh pool and table.
       constexpr std::size_t kInitialBuckets[] = {64, 1024, 1 << 16};
       const std::size_t initial = kInitialBuckets[rebuilds % 3];
-      pod.build(initial);
-      text.build(initial);
+      pod.build(initial, element_destruction::on_reclaim_worker);
+      text.build(initial, rebuilds % 2 == 0 ? element_destruction::by_updaters
+                                            : element_destruction::on_reclaim_worker);
       // Relaxed: the workers are parked; the barrier ordered their clears before this.
       const std::uint64_t pod_floor = pod.clears_finished.load(std::memory_order_relaxed);
       const std::uint64_t text_floor = text.clears_finished.load(std::memory_order_relaxed);
