@@ -49,27 +49,13 @@ namespace gt = grace::testing;
 namespace ga = grace::testing::alloc;
 using namespace std::chrono_literals;
 using ga::describe;
+using ga::kHold;
+using ga::kNoDeadlock;
+using ga::quiet;
 using ga::rejects;
+using ga::small_magazines;
 
 constexpr std::size_t kObjectSize = sizeof(gt::tracked);
-constexpr auto kNoDrainTimer = 10s;  // the largest drain interval: the timer never fires
-constexpr auto kHold = 50ms;         // a reader lingers this long to widen race windows
-constexpr auto kNoDeadlock = 60s;    // watchdog budget for calls that must return
-
-grace::domain_options quiet() {
-  grace::domain_options o;
-  o.drain_interval = kNoDrainTimer;
-  return o;
-}
-
-// Small magazines: many seals, promotions and depot moves per object.
-grace::pool_options small_magazines() {
-  grace::pool_options o;
-  o.low_watermark = 4;
-  o.high_watermark = 16;
-  o.batch = 8;
-  return o;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The hooks.

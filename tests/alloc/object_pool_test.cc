@@ -49,35 +49,20 @@
 #include "tests/alloc/object_pool_testing.h"
 #include "tests/testing/testing.h"
 
-
 namespace {
 
 namespace gt = grace::testing;
 namespace ga = grace::testing::alloc;
 using namespace std::chrono_literals;
 using ga::describe;
+using ga::kHold;
+using ga::kNoDeadlock;
+using ga::quiet;
 using ga::rejects;
+using ga::small_magazines;
 
 constexpr std::size_t kChunkBytes = std::size_t{64} << 10;  // object_pool.h: 64 KiB chunks
 constexpr std::size_t kLargestObject = grace::object_pool::max_object_size;  // 3 a chunk
-constexpr auto kNoDrainTimer = 10s;  // the largest drain interval: the timer never fires
-constexpr auto kHold = 50ms;         // a reader lingers this long to widen race windows
-constexpr auto kNoDeadlock = 60s;    // watchdog budget for calls that must return
-
-grace::domain_options quiet() {
-  grace::domain_options o;
-  o.drain_interval = kNoDrainTimer;
-  return o;
-}
-
-// Small magazines: many seals, promotions and depot moves per object.
-grace::pool_options small_magazines() {
-  grace::pool_options o;
-  o.low_watermark = 4;
-  o.high_watermark = 16;
-  o.batch = 8;
-  return o;
-}
 
 // The number of per-CPU caches (the configured CPUs rounded up to a power of two). The
 // pool's own header includes this internal function; the bounds below are per cache.

@@ -20,6 +20,8 @@
 //     always meets the same per-CPU cache.
 //   - fill_object / object_intact: every byte of an object set to one value, and checked.
 //   - describe(pool_stats): every field, for failure messages.
+//   - quiet(), small_magazines(), kHold, kNoDeadlock: the domain, pool options and timings
+//     the tests share.
 //   - rejects(): whether a pool's constructor throws std::invalid_argument naming an option.
 #pragma once
 
@@ -168,26 +170,37 @@ inline std::string describe(const grace::pool_stats& s) {
          " chunks=" + std::to_string(s.chunks);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Domains, pools and timings the tests share.
+
+inline constexpr std::chrono::seconds kNoDrainTimer{10};  // the largest drain interval
+inline constexpr std::chrono::milliseconds kHold{50};  // a reader lingers to widen races
+inline constexpr std::chrono::seconds kNoDeadlock{60};  // watchdog budget for calls that return
+
+// A domain whose drain timer never fires: grace periods only when the test asks for them.
+inline grace::domain_options quiet() {
+  grace::domain_options o;
+  o.drain_interval = kNoDrainTimer;
+  return o;
+}
+
+// Small magazines: many seals, promotions and depot moves per object.
+inline grace::pool_options small_magazines() {
+  grace::pool_options o;
+  o.low_watermark = 4;
+  o.high_watermark = 16;
+  o.batch = 8;
+  return o;
+}
+
 // Succeeds iff constructing a pool of `object_size` with `options` throws
 // std::invalid_argument whose message names `option`.
 inline ::testing::AssertionResult rejects(std::size_t object_size,
                                           const grace::pool_options& options,
                                           std::string_view option) {
-  grace::domain_options quiet;
-  quiet.drain_interval = std::chrono::seconds(10);  // no timer work while the pool is built
-  grace::domain d(quiet);
-  try {
-    grace::object_pool pool(object_size, options, d);
-  } catch (const std::invalid_argument& e) {
-    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
-      return ::testing::AssertionSuccess();
-    }
-    return ::testing::AssertionFailure()
-           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw something else: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "the pool accepted the options";
+  grace::domain d(quiet());
+  return grace::testing::rejects_options(
+      [&] { grace::object_pool pool(object_size, options, d); }, option, "the pool");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@
 
 #include "grace/map/detail/split_list.h"
 #include "grace/map/hash_map.h"
+#include "tests/testing/testing.h"
 
 namespace grace::testing::map {
 
@@ -260,18 +261,7 @@ class lifetime_object {
 template <class Map = grace::hash_map<std::uint64_t, std::uint64_t>>
 ::testing::AssertionResult rejects(const grace::hash_map_options& options,
                                    std::string_view option) {
-  try {
-    Map map(options);
-  } catch (const std::invalid_argument& e) {
-    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
-      return ::testing::AssertionSuccess();
-    }
-    return ::testing::AssertionFailure()
-           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw something else: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "the map accepted the options";
+  return grace::testing::rejects_options([&] { Map map(options); }, option, "the map");
 }
 
 // Every key in seven buckets: long chains of equal hashes.

@@ -20,6 +20,8 @@
 //   - mapping_allocator: a grace::system_allocator that never calls malloc (fork tests).
 //   - instance_tracker and tracked: objects with a canary that count their destruction per id.
 //   - current_rss_bytes(): resident set size from /proc/self/statm.
+//   - rejects_options(): an options check that throws std::invalid_argument naming the
+//     option.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -40,6 +42,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -288,6 +291,28 @@ class tracked {
   instance_tracker* tracker_;
   std::size_t id_;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Options checks.
+
+// Succeeds iff build() throws std::invalid_argument whose message names `option`; `built`
+// says what build() makes, for the message when it accepts the options ("the pool").
+template <class Build>
+::testing::AssertionResult rejects_options(Build&& build, std::string_view option,
+                                           std::string_view built) {
+  try {
+    build();
+  } catch (const std::invalid_argument& e) {
+    if (std::string_view(e.what()).find(option) != std::string_view::npos) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure()
+           << "std::invalid_argument(\"" << e.what() << "\") does not name " << option;
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw something else: " << e.what();
+  }
+  return ::testing::AssertionFailure() << built << " accepted the options";
+}
 
 // ---------------------------------------------------------------------------------------------
 // Memory.
