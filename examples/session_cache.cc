@@ -1,6 +1,8 @@
 // A session cache shared by request threads: lookups copy nothing and take no lock, updates
 // replace whole values (readers holding the old one keep a consistent view), and an
-// expiry thread erases idle sessions while everything runs.
+// expiry thread erases idle sessions while everything runs. A session owns a std::string,
+// so the map is told to let the request threads destroy replaced sessions, a batch at a
+// time after their grace period (element_destruction::by_updaters).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -18,7 +20,12 @@ struct session {
 };
 
 int main() {
-  grace::hash_map<std::uint64_t, session> sessions;
+  // Replaced and expired sessions are destroyed by the request threads rather than one by one
+  // on the reclaim worker: 2-3x the update rate for values that own memory. ~session() only
+  // frees memory, as this mode asks (map/README.md, "Destroying erased elements").
+  grace::hash_map_options options;
+  options.destruction = grace::element_destruction::by_updaters;
+  grace::hash_map<std::uint64_t, session> sessions(options);
   std::atomic<std::uint64_t> clock{0};
   std::atomic<bool> stop{false};
   constexpr std::uint64_t kSessions = 10'000;
@@ -74,12 +81,18 @@ int main() {
   stop.store(true, std::memory_order_release);
   expiry.join();
 
+  // Every session replaced or expired so far is destroyed when this returns.
+  sessions.destroy_erased();
   const grace::hash_map_stats stats = sessions.stats();
-  std::printf("served=%llu sessions=%llu buckets=%llu pool_reused=%llu grace_periods=%llu\n",
-              static_cast<unsigned long long>(served.load(std::memory_order_relaxed)),
-              static_cast<unsigned long long>(stats.size),
-              static_cast<unsigned long long>(stats.buckets),
-              static_cast<unsigned long long>(stats.pool.reused_after_gp),
-              static_cast<unsigned long long>(stats.reclamation.grace_periods));
-  return served.load(std::memory_order_relaxed) == 400'000 ? 0 : 1;
+  std::printf(
+      "served=%llu sessions=%llu buckets=%llu pool_reused=%llu destroyed=%llu of %llu "
+      "grace_periods=%llu\n",
+      static_cast<unsigned long long>(served.load(std::memory_order_relaxed)),
+      static_cast<unsigned long long>(stats.size), static_cast<unsigned long long>(stats.buckets),
+      static_cast<unsigned long long>(stats.pool.reused_after_gp),
+      static_cast<unsigned long long>(stats.pool.destroyed),
+      static_cast<unsigned long long>(stats.pool.deallocated),
+      static_cast<unsigned long long>(stats.reclamation.grace_periods));
+  const bool all_destroyed = stats.pool.destroyed == stats.pool.deallocated;
+  return served.load(std::memory_order_relaxed) == 400'000 && all_destroyed ? 0 : 1;
 }
