@@ -47,8 +47,8 @@ inline constexpr unsigned kEmptyMagazinesPerCache = 2;
 // destroy_deallocated() in a fork() child: yields before it skips a cache of a pool built
 // during the fork that stays held (pool_core::fork_skip).
 inline constexpr unsigned kForkSkippedHoldTries = 1000;
-// Constructed magazines one hold takes out to destroy (P7): the destructors one pool call
-// runs, at most (48 objects each by default). Two keep up with a thread that frees an
+// Constructed magazines one hold takes out to destroy (P7), bounding the destructors one
+// take runs (48 objects a magazine by default). Two keep up with a thread that frees an
 // object per allocation.
 inline constexpr std::uint32_t kMagazinesPerTake = 2;
 
@@ -160,11 +160,18 @@ struct pool_core {
   static void release_every_cache_in_parent() noexcept;
   static void release_every_cache_in_child() noexcept;
   // (P7): the takes the caches' finishing slots record were made by threads of the parent
-  // (or, by this one, end under the parent's generation and leave the slot alone).
+  // (or, by this one, end under the parent's generation and leave the slot alone). Their
+  // magazines are lost to the child, so its ~object_pool() finds their objects neither free
+  // nor in a magazine: not a usage error there.
   void forget_finishing_in_child() noexcept {
     for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
-      // Relaxed: the child's only thread.
-      for (auto& slot : pool.caches_[i].finishing) slot.store(0, std::memory_order_relaxed);
+      for (auto& slot : pool.caches_[i].finishing) {
+        // Relaxed: the child's only thread.
+        if (slot.load(std::memory_order_relaxed) % 2 != 0) {
+          forget_allocated.store(true, std::memory_order_relaxed);
+        }
+        slot.store(0, std::memory_order_relaxed);
+      }
     }
   }
   std::atomic<bool> destroying{false};
@@ -684,9 +691,10 @@ struct pool_core {
       taken.slot = &slot;
       taken.recorded = 2 * ++cache.takes + 1;
       taken.generation = process_fork_generation();
-      // Relaxed: the hold's release (A2) publishes it to destroy_deallocated(), which reads
-      // it holding the cache.
-      slot.store(taken.recorded, std::memory_order_relaxed);
+      // Release: carries on the destroy calls of the take that freed the slot (acquired
+      // above), for a destroy_deallocated() that waited on that take and reads this number
+      // instead; pairs with its Acquire load. (Its read under a hold is ordered by (A2).)
+      slot.store(taken.recorded, std::memory_order_release);
       return true;
     }
     return false;

@@ -83,13 +83,14 @@ struct pool_options {
   system_allocator allocator{};
   // Set, deallocate() takes an object that is still constructed, and the pool runs
   // destroy(object) once, after the object's grace period and before its memory is handed
-  // out again or released (alloc/README.md, "Destroying after the grace period"). It runs a
-  // magazine at a time, on the thread whose pool call finds the grace period over (inside
-  // that call, and so inside the caller's read section if it is in one), on the domain's
-  // worker (the idle trim), in destroy_deallocated() or in ~object_pool(); never while a
-  // cache is held. So it may allocate memory, take locks and use this pool (except from
-  // ~object_pool()), but must not wait for a grace period nor fork. Requires
-  // reuse_after_gp.
+  // out again or released (alloc/README.md, "Destroying after the grace period"). It runs
+  // one or two magazines at a time on the thread whose pool call finds the grace period over
+  // (inside that allocate() or deallocate(), and so inside the caller's read section and
+  // under the caller's locks), on the domain's worker (the idle trim, or a retire() deleter
+  // for an object that found no magazine), in destroy_deallocated() or in ~object_pool();
+  // never while a cache is held. So it may allocate memory and use this pool (except from
+  // ~object_pool()); it must not wait for a grace period, fork, call destroy_deallocated(),
+  // nor take a lock that a thread calling this pool may hold. Requires reuse_after_gp.
   void (*destroy)(void* object) noexcept = nullptr;
 };
 
@@ -136,9 +137,11 @@ class object_pool {
   void deallocate_unconstructed(void* object) noexcept;
   // Returns once pool_options::destroy has run on every object deallocated before the call,
   // running it here on those whose grace period this call waits for (without a destroy hook,
-  // it only waits for a grace period). In a fork() child, objects a thread of the parent was
-  // destroying are lost with that thread. Requires: the caller is not in a read section, a
-  // retire() deleter or a destroy hook (std::logic_error from the domain).
+  // it only waits for a grace period), and waiting for other threads running it on the
+  // others. In a fork() child, objects a thread of the parent was destroying are lost with
+  // that thread. Requires: the caller is not in a read section or a retire() deleter
+  // (std::logic_error from the domain), nor in a destroy hook or holding a lock one takes
+  // (it would wait for itself).
   void destroy_deallocated();
   // All or nothing: on std::bad_alloc no object is left allocated.
   void allocate_bulk(void** objects, std::size_t count);
