@@ -33,18 +33,6 @@
 //        for the holders; object_pool.cc).
 //   (P4) A magazine in a depot slot is owned by the slot; it moves out by one exchange.
 //        Only ready magazines enter the depot.
-//   (P7) With pool_options::destroy, a magazine whose `constructed` is set holds objects
-//        still constructed: `freed` and `waiting` magazines are such (the depot only ever
-//        holds ready ones). It becomes ready only through make_ready(), which runs destroy
-//        on each object outside any cache hold, after the magazine's cookie elapsed: a
-//        holder that finds such a magazine elapsed takes it out of the cache (recording the
-//        take in a slot of the cache's `finishing`) and finish_taken() makes it ready after
-//        the hold.
-//        So every object handed out, or released to a chunk, has been destroyed
-//        (release_objects() destroys a constructed magazine's objects first). A take is
-//        recorded in a free slot of the cache's `finishing` (none free: nothing is taken) so
-//        that destroy_deallocated() can wait for it; a fork() child loses the takes its
-//        parent's other threads had in hand, and frees their slots.
 //   (P5) A chunk's free-slot bitmap and free_slots, and the pool's lists of chunks with
 //        free slots (partial_head, partial_chunks) and of chunks with no slot in use
 //        (emptied), change only under the pool's chunk lock. A slot is in exactly one place:
@@ -68,6 +56,16 @@
 //        and frees its slots before it unlocks, and looks again after (A5), for at most
 //        kDeferredPasses passes; what is left then waits for the next holder, and whoever
 //        sees it once it holds no cache schedules the idle trim, which takes the lock.
+//   (P7) With pool_options::destroy, a magazine whose `constructed` is set holds objects
+//        still constructed: the `freed` and `waiting` ones (the depot holds only ready
+//        magazines). A holder that finds one elapsed takes it out of the cache, recording
+//        the take in a free slot of the cache's `finishing` (none free: it takes nothing),
+//        so that destroy_deallocated() can wait for it; after the hold, finish_taken() runs
+//        destroy on each object (make_ready()) and files the magazine as ready. So destroy
+//        never runs under a cache hold, and every object handed out, or released to a chunk,
+//        has been destroyed (release_objects() destroys a constructed magazine's objects
+//        first). A fork() child loses the takes its parent's other threads had in hand, and
+//        frees their slots.
 //
 // Ordering guarantees:
 //   (A1) Acquire exchange(true) on cache.held takes the cache with every change its previous
@@ -85,6 +83,10 @@
 //   (A6) Release store of a new chunk into its record (after its header and cleared
 //        bitmap); pairs with the Acquire load in the repair after a fork(), which may run
 //        while another thread of the child cuts a chunk.
+//   (A7) A finishing slot (P7): the end of a take is a Release store, and so is a claim,
+//        whose Acquire check of the free slot carries on the destroy calls of the take it
+//        replaces; destroy_deallocated()'s Acquire loads see the destroy calls of every take
+//        whose end, or a later claim of its slot, they read.
 //
 // Progress guarantees: allocate() and deallocate() never wait for another thread. A thread
 // that finds its CPU's cache held tries the other caches once each, then takes the lock-free
