@@ -686,7 +686,7 @@ struct pool_core {
     for (std::atomic<std::uint64_t>& slot : cache.finishing) {
       // Acquire: a slot seen free carries its finisher's destroy calls into this hold, and
       // so to destroy_deallocated(), which holds the cache later; pairs with the Release
-      // store in finish_taken().
+      // store in release_and_finish().
       if (slot.load(std::memory_order_acquire) % 2 != 0) continue;
       taken.slot = &slot;
       taken.recorded = 2 * ++cache.takes + 1;
@@ -715,11 +715,13 @@ struct pool_core {
     }
   }
 
-  // After the hold that took them out: destroys the taken magazines' objects (P7), then
-  // hands them to `cache` as ready if it can hold it at once, else to the depot, else back
-  // to the chunks. Returns with `cache` held (the caller releases it) or, if it could not be
-  // held, false.
-  bool finish_taken(pool_cache& cache, taken_magazines& taken) noexcept {
+  // Holder of `cache`, which took `taken` out of it: releases the hold, destroys the taken
+  // magazines' objects (P7), then hands them to `cache` as ready if it can hold it again at
+  // once, else to the depot, else back to the chunks. Returns with `cache` held (the caller
+  // releases it) or, if it could not be held, false.
+  bool release_and_finish(pool_cache& cache, taken_magazines& taken) noexcept {
+    update_gauges(cache);
+    pool.release_hold(cache);
     for (magazine* m = taken.fifo.head; m != nullptr; m = m->next) make_ready(m);
     // Acquire (A1): pairs with (A2).
     const bool held = !cache.held.exchange(true, std::memory_order_acquire);
@@ -1021,9 +1023,7 @@ struct pool_core {
       if (pool.options_.reuse_after_gp) core->promote_elapsed(cache, taken);
       if (taken.fifo.head != nullptr) {
         // (P7): destroyed outside the hold, then the pass goes on holding the cache again.
-        core->update_gauges(cache);
-        pool.release_hold(cache);
-        if (!core->finish_taken(cache, taken)) {
+        if (!core->release_and_finish(cache, taken)) {
           again = true;
           continue;
         }
@@ -1332,9 +1332,7 @@ void* object_pool::allocate_slow(detail::pool_cache& cache) {
   if (taken.fifo.head != nullptr) {
     // (P7): their objects are destroyed outside the hold, then they are this cache's again
     // (or, with the cache held by another thread meanwhile, the depot's).
-    core.update_gauges(cache);
-    release_hold(cache);
-    if (!core.finish_taken(cache, taken)) {
+    if (!core.release_and_finish(cache, taken)) {
       core.schedule_trim();  // for what the cache still holds, whatever calls come next
       return allocate_contended_slow(detail::current_cpu() & cache_mask_);
     }
@@ -1413,9 +1411,7 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
   if (taken.fifo.head != nullptr) {
     // (P7): their objects are destroyed outside the hold, then they are this cache's again.
     const std::uint64_t waiting = core.waiting_objects(cache);
-    core.update_gauges(cache);
-    release_hold(cache);
-    if (!core.finish_taken(cache, taken)) {
+    if (!core.release_and_finish(cache, taken)) {
       core.drive_gp(waiting);
       core.schedule_trim();  // for what the cache still holds, whatever calls come next
       return;
@@ -1602,19 +1598,17 @@ void object_pool::destroy_deallocated() {
       std::uint64_t seen[detail::kFinishingSlots];
       for (unsigned s = 0; s < detail::kFinishingSlots; ++s) {
         // Acquire: a slot already freed carries its finisher's destroy calls; pairs with
-        // the Release store in finish_taken(). A busy one is waited for below.
+        // the Release store in release_and_finish(). A busy one is waited for below.
         seen[s] = cache.finishing[s].load(std::memory_order_acquire);
       }
-      core.update_gauges(cache);
-      release_hold(cache);
-      if (taken.fifo.head != nullptr && core.finish_taken(cache, taken)) {
+      if (taken.fifo.head == nullptr || core.release_and_finish(cache, taken)) {
         core.update_gauges(cache);
         release_hold(cache);
       }
       for (unsigned s = 0; s < detail::kFinishingSlots; ++s) {
         if (seen[s] % 2 == 0) continue;
         // Acquire: the finisher's destroy calls; pairs with the Release store in
-        // finish_taken().
+        // release_and_finish().
         while (cache.finishing[s].load(std::memory_order_acquire) == seen[s]) {
           std::this_thread::yield();
         }

@@ -35,8 +35,8 @@
 //
 // Peers (Value: value64, or std::string with --value string):
 //   grace        grace::hash_map<uint64_t, Value>, default options (the global domain, or
-//                one whose worker runs at --grace-worker-nice);
-//                reads through visit()
+//                one whose worker runs at --grace-worker-nice; destruction from
+//                --grace-destruction); reads through visit()
 //   cds_lfht     liburcu 0.13 rculfhash, urcu-memb flavor, AUTO_RESIZE | ACCOUNTING; malloc'd
 //                (new'd) nodes embedding cds_lfht_node + rcu_head, deleted through
 //                call_rcu();

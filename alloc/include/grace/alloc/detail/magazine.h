@@ -60,7 +60,7 @@
 //        still constructed: the `freed` and `waiting` ones (the depot holds only ready
 //        magazines). A holder that finds one elapsed takes it out of the cache, recording
 //        the take in a free slot of the cache's `finishing` (none free: it takes nothing),
-//        so that destroy_deallocated() can wait for it; after the hold, finish_taken() runs
+//        so that destroy_deallocated() can wait for it; after the hold, release_and_finish() runs
 //        destroy on each object (make_ready()) and files the magazine as ready. So destroy
 //        never runs under a cache hold, and every object handed out, or released to a chunk,
 //        has been destroyed (release_objects() destroys a constructed magazine's objects
@@ -184,7 +184,7 @@ struct alignas(64) pool_cache {
   std::atomic<std::uint64_t> waiting_gauge{0};  // refreshed on slow paths
   // (P7): the takes of constructed magazines out of this cache still being finished. A slot
   // holds 2 x the take's number + 1 while its take is finished, an even value while free;
-  // holders claim free slots (a hold that finds none takes nothing), finish_taken() frees
+  // holders claim free slots (a hold that finds none takes nothing), release_and_finish() frees
   // them, and destroy_deallocated() waits for the takes it saw.
   std::atomic<std::uint64_t> finishing[kFinishingSlots] = {};
   std::uint64_t takes = 0;  // the holder's: numbers the takes
