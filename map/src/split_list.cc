@@ -83,7 +83,7 @@ split_list::split_list(const hash_map_config& config, domain& reclamation, eleme
       counter_mask_(cpu_shard_count() - 1) {
   list_node* level0 = allocate_level(0);
   if (level0 == nullptr) throw std::bad_alloc();
-  level0->so_key = dummy_so_key(0);
+  level0->so_key = dummy_so_key(0, 0);
   // Relaxed: the map is not shared yet; publishing it to other threads orders this.
   levels_[0].store(level0, std::memory_order_relaxed);
   const unsigned initial =
@@ -189,11 +189,11 @@ bool split_list::grow_to(unsigned target) noexcept {
     list_node* array = allocate_level(level);
     if (array == nullptr) return false;  // stay at the current size; lookups still work
     const std::uint64_t first = std::uint64_t{1} << current;
-    for (std::uint64_t i = 0; i < first; ++i) array[i].so_key = dummy_so_key(first + i);
+    for (std::uint64_t i = 0; i < first; ++i) array[i].so_key = dummy_so_key(level, i);
     // Relaxed: published with the size below (M3).
     levels_[level].store(array, std::memory_order_relaxed);
-    // Each new bucket's dummy goes in after its parent's (the same bucket without its top
-    // bit), whose elements it splits off (L1). The walk is an operation like any other and
+    // Each new dummy (prefix 2i+1) goes in after its parent's (prefix i at the current
+    // size), whose elements it splits off (L1). The walk is an operation like any other and
     // holds a read section (L6): one per dummy, so a large grow does not hold back grace
     // periods.
     for (std::uint64_t i = 0; i < first; ++i) {
@@ -204,7 +204,7 @@ bool split_list::grow_to(unsigned target) noexcept {
         }
       }
       read_guard guard;
-      link_dummy(dummy(i), &array[i]);
+      link_dummy(dummy_of_prefix(i, current), &array[i]);
     }
     // Release (M3): every new dummy is linked before any operation can start from one;
     // pairs with the Acquire load in bucket_of() (M4).
@@ -250,7 +250,8 @@ void split_list::unlink_level(unsigned level) noexcept {
              !victim->next.compare_exchange_weak(next, next | kMarked, std::memory_order_release,
                                                  std::memory_order_relaxed)) {
       }
-      locate(*this, dummy(i), victim->so_key, /*past_equal=*/false);  // unlinks it
+      // Unlinks it, from its parent's dummy (prefix i), which stays.
+      locate(*this, dummy_of_prefix(i, level - 1), victim->so_key, /*past_equal=*/false);
     }
   }
   // Traversals that were passing through the unlinked dummies have finished.

@@ -24,7 +24,8 @@ THREAD_OPS = ["find", "contains", "visit", "pin", "insert", "try_emplace", "inse
 MOVED = 1
 COUNT = 1
 WHOLE_MAP_ARG = 10
-HASHES = ["mixed", "identity", "mod5", "high_bits", "constant", "halves"]
+HASHES = ["mixed", "identity", "mod5", "high_bits", "constant", "halves", "one_bucket",
+          "bucket_edges"]
 GROW = [1.0, 0.5, 2.0, 4.0]
 MAX_BUCKETS = [256, 4, 32, 4096]
 

@@ -68,24 +68,42 @@ class byte_reader {
 };
 
 // How a key's index becomes its hash. The patterns stress the split-ordered list: long
-// runs of equal hashes (ties in so_key order), every key in bucket 0 whatever the size, and
-// hashes whose low bits are the index (buckets split in a predictable order).
+// runs of equal hashes (ties in so_key order), so_keys that share all but their top bits,
+// small consecutive hashes (std::hash's identity, spread only by the so_key's multiply),
+// distinct so_keys that all fall in bucket 0 at every size, and so_keys right next to the
+// dummies. The last two undo the map's multiply (detail::kSoKeyMultiplier) to choose the
+// so_key itself.
 enum class hash_mode : std::uint8_t {
   mixed,      // absl::Hash
-  identity,   // the index: bucket = index mod size
+  identity,   // the index
   mod5,       // five hashes for all keys: long chains of equal so_keys
-  high_bits,  // index << 57: every key in bucket 0, pairs of equal hashes
+  high_bits,  // index << 57: so_keys differ only in their top 7 bits; pairs of equal hashes
   constant,   // one hash for every key
-  halves,     // index / 2: pairs of equal hashes, buckets in index order
+  halves,     // index / 2: pairs of equal hashes
+  one_bucket,    // so_key 2 x index + 1: distinct, all in bucket 0 up to 2^56 buckets
+  bucket_edges,  // so_keys just after (even index) and just before (odd) a dummy of 4096
 };
 inline const char* name_of(hash_mode mode) noexcept {
-  constexpr const char* kNames[] = {"mixed", "identity", "mod5", "high_bits", "constant",
-                                    "halves"};
+  constexpr const char* kNames[] = {"mixed",    "identity", "mod5",       "high_bits",
+                                    "constant", "halves",   "one_bucket", "bucket_edges"};
   return kNames[static_cast<unsigned>(mode)];
 }
 inline hash_mode decode_hash_mode(std::uint8_t bits) noexcept {
-  bits &= 7;
-  return bits <= 5 ? static_cast<hash_mode>(bits) : hash_mode::mixed;
+  return static_cast<hash_mode>(bits & 7);
+}
+
+// The hash whose so_key (split_list.h, element_so_key()) is `so_key`, for a Hash that does
+// not avalanche: so_key times the multiplier's inverse modulo 2^64 (Newton's iteration, each
+// step doubling the bits that are right; an odd number is its own inverse to 3 bits).
+inline std::uint64_t hash_of_so_key(std::uint64_t so_key) noexcept {
+  constexpr std::uint64_t kInverse = [] {
+    const std::uint64_t a = grace::detail::kSoKeyMultiplier;
+    std::uint64_t x = a;
+    for (int i = 0; i < 5; ++i) x *= 2 - a * x;
+    return x;
+  }();
+  static_assert(kInverse * grace::detail::kSoKeyMultiplier == 1);
+  return so_key * kInverse;
 }
 
 // Keys are made from an index below 256: std::uint64_t keys are the index itself,
@@ -138,6 +156,13 @@ struct index_hash {
         return 0x5eed;
       case hash_mode::halves:
         return i / 2;
+      case hash_mode::one_bucket:
+        return static_cast<std::size_t>(hash_of_so_key(2 * i + 1));
+      case hash_mode::bucket_edges: {
+        const std::uint64_t dummy = (i / 2) << 52;  // of prefix i / 2 at 4096 buckets
+        return static_cast<std::size_t>(
+            hash_of_so_key(i % 2 == 0 ? dummy | 1 : dummy + (std::uint64_t{1} << 52) - 1));
+      }
       case hash_mode::mixed:
         break;
     }

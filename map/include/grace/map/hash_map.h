@@ -143,6 +143,23 @@ inline constexpr bool views_string_v = false;
 template <class Char, class Traits, class Allocator, class K>
 inline constexpr bool views_string_v<std::basic_string<Char, Traits, Allocator>, K> =
     std::is_convertible_v<const K&, std::basic_string_view<Char, Traits>>;
+// Whether every bit of Hash's result depends on every bit of the key, so that the map may
+// take the hash's top bits as they are (split_list.h, element_so_key()): absl::Hash does,
+// and any Hash may say so with `using is_avalanching = std::true_type;` (or `= void`, as
+// Boost.Unordered before 1.86 and ankerl::unordered_dense spell it).
+template <class Hash>
+inline constexpr bool avalanching_v =
+    requires { requires std::is_void_v<typename Hash::is_avalanching>; } ||
+    requires { requires Hash::is_avalanching::value; };
+template <class T>
+inline constexpr bool avalanching_v<absl::Hash<T>> = true;
+// Whether the map takes Hash's result for Key as it is: it avalanches, and is 64 bits wide.
+// A narrower hash (absl::Hash on a 32-bit target) would leave the top bits, which choose the
+// bucket, zero: it is multiplied whatever it declares.
+template <class Hash, class Key>
+inline constexpr bool hash_taken_as_it_is_v =
+    avalanching_v<Hash> &&
+    sizeof(std::invoke_result_t<const Hash&, const Key&>) >= sizeof(std::uint64_t);
 #if GRACE_CHECK_MISUSE
 // The maps whose update() f or erase_if() pred this thread is running, innermost first: a
 // stack of frames on the callers' stacks.
@@ -396,11 +413,11 @@ class hash_map {
   bool erase_if(const K& key, Pred&& pred) {
     check_not_in_retried_callback();
     const std::uint64_t hash = hash_of(key);
-    const std::uint64_t so_key = detail::element_so_key(hash);
+    const std::uint64_t so_key = so_key_of(hash);
     bool erased = false;
     {
       auto guard = pin_reader();
-      detail::list_node* start = list_.bucket_of(hash);
+      detail::list_node* start = list_.bucket_of(so_key);
       for (;;) {
         position at = search(start, key, so_key);
         if (at.found == nullptr ||
@@ -639,7 +656,7 @@ class hash_map {
     try {
       detail::check_untagged(memory);
       return new (memory)
-          node(detail::element_so_key(hash), std::forward<K>(key), std::forward<Args>(args)...);
+          node(so_key_of(hash), std::forward<K>(key), std::forward<Args>(args)...);
     } catch (...) {
       pool_.deallocate_unconstructed(memory);
       throw;
@@ -649,9 +666,9 @@ class hash_map {
   template <class F>
   bool update_hashed(std::uint64_t hash, const Key& key, F& f) {
     check_not_in_retried_callback();
-    const std::uint64_t so_key = detail::element_so_key(hash);
+    const std::uint64_t so_key = so_key_of(hash);
     auto guard = pin_reader();
-    detail::list_node* start = list_.bucket_of(hash);
+    detail::list_node* start = list_.bucket_of(so_key);
     for (;;) {
       position at = search(start, key, so_key);
       if (at.found == nullptr) return false;
@@ -710,7 +727,7 @@ class hash_map {
       // The element's own key: the caller's may have been moved into it. It stays readable
       // after fresh is published, for this read section keeps fresh from reclamation.
       inserted = discard_on_throw(fresh, [&] {
-        return upsert(list_.bucket_of(hash), fresh, fresh->key, /*may_insert=*/true);
+        return upsert(list_.bucket_of(fresh->so_key), fresh, fresh->key, /*may_insert=*/true);
       }) == upsert_result::inserted;
     }
     if (inserted) list_.count(+1);
@@ -778,14 +795,19 @@ class hash_map {
 #endif
     return hash;
   }
+  // (L1): the split-order key of an element whose key hashes to `hash`.
+  static std::uint64_t so_key_of(std::uint64_t hash) noexcept {
+    return detail::element_so_key(hash, detail::hash_taken_as_it_is_v<Hash, Key>);
+  }
   // The same for a hashed key; `start` receives the dummy of its bucket, where an update
   // that follows the lookup begins its own walk.
   template <class K>
   const node* lookup_in_bucket(std::uint64_t hash, const K& key,
                                detail::list_node*& start) const {
+    const std::uint64_t so_key = so_key_of(hash);
     unsigned size_log2;
-    start = list_.bucket_of(hash, size_log2);
-    return lookup_from(start, size_log2, key, detail::element_so_key(hash));
+    start = list_.bucket_of(so_key, size_log2);
+    return lookup_from(start, size_log2, key, so_key);
   }
   // `start` is the dummy of the key's bucket at size 2^size_log2.
   template <class K>
@@ -942,7 +964,7 @@ class hash_map {
   // their reclamation needs (outside a read section).
   void erase_all() {
     std::int64_t erased = 0;
-    // However the walk ends (Hash or KeyEqual may throw), the count reflects what it erased.
+    // However the walk ends (KeyEqual may throw), the count reflects what it erased.
     struct count_erased {
       detail::split_list& list;
       std::int64_t& erased;
@@ -980,7 +1002,7 @@ class hash_map {
 
   // clear(): erases one element found by a walk.
   bool erase_element(node* element) {
-    detail::list_node* start = list_.bucket_of(hash_(element->key));
+    detail::list_node* start = list_.bucket_of(element->so_key);
     for (;;) {
       position at = search(start, element->key, element->so_key);
       if (at.found != element) return false;  // erased or replaced meanwhile

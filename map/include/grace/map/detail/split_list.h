@@ -1,25 +1,37 @@
 // Internal. Do not include directly.
 //
 // The lock-free core of grace::hash_map: one split-ordered list (Shalev & Shavit, JACM 2006)
-// of every element, sorted by the bit-reversed hash, with one dummy node per bucket marking
-// where that bucket's elements begin. Deletion follows Michael (SPAA 2002): a node is
+// of every element, with one dummy node per bucket marking where that bucket's elements
+// begin. Deletion follows Michael (SPAA 2002): a node is
 // deleted by setting the mark bit of its own `next`, then unlinked by a CAS on its
 // predecessor's `next`.
 //
-// Buckets live in levels that are never copied or moved: level 0 holds bucket 0 and level L
-// (L >= 1) holds buckets [2^(L-1), 2^L). The dummies are the level arrays' entries, so a
-// lookup goes hash -> level array entry (the dummy) -> first element, with no bucket-pointer
-// array in between. Growing inserts the next level's dummies into the list and publishes the
+// The list is sorted by so_key. An element's so_key is its hash times a Fibonacci constant
+// (or the hash itself, for a Hash that avalanches), with bit 0 set; at 2^k buckets its
+// bucket is its so_key's top k bits, its prefix. A dummy's so_key is its bucket's prefix
+// followed by zeros. Growing to 2^(k+1) splits bucket t into 2t, whose dummy is t's, and
+// 2t+1, whose new dummy lands in the middle of t's elements. This is Shalev & Shavit's list
+// with its buckets renamed: they take a bucket from the hash's low bits and sort by the
+// reversed hash (their bucket t splits into t and t + 2^k); taking it from the top bits sorts
+// by the so_key itself, without the ~20 instructions of a reversal on every operation
+// (map/README.md, "Buckets from the top bits").
+//
+//   size 4:  d(00) -> e(00..) -> d(01) -> e(01..) -> e(01..) -> d(10) -> d(11) -> e(11..)
+//
+// Dummies live in levels that are never copied or moved: level 0 holds the dummy of prefix
+// 0, and level L (L >= 1) the dummies of the L-bit prefixes that end in 1, in order (entry i:
+// prefix 2i+1). At 2^k buckets, prefix t's dummy is that of t without its z trailing zeros:
+// entry t >> (z + 1) of level k - z. The dummies are the level arrays' entries, so a lookup
+// goes hash -> level array entry (the dummy) -> first element, with no bucket-pointer array
+// in between. Growing inserts the next level's dummies into the list and publishes the
 // larger size; no element moves. Shrinking publishes the smaller size, waits one grace
 // period (no operation starts from the top level's dummies any more), unlinks those dummies,
 // and frees the level after another grace period.
 //
-//   size 4:  d0 -> e(0x..0) -> d2 -> e(..10) -> d1 -> e(..01) -> e(..01) -> d3 -> e(..11)
-//            so_key order: reverse(bucket) for dummies, reverse(hash | 2^63) for elements
-//
 // Invariants:
-//   (L1) The list is sorted by so_key (ties only between elements with equal hashes). A
-//        dummy's so_key is even, an element's odd; all so_keys of dummies are distinct.
+//   (L1) The list is sorted by so_key (ties only between elements whose hashes give the same
+//        so_key). A dummy's so_key is even, an element's odd; all so_keys of dummies are
+//        distinct.
 //   (L2) A node whose `next` is marked is logically deleted; its `next` never changes again.
 //        Only an unmarked node's `next` is ever CASed.
 //   (L3) A node is unlinked by exactly one successful CAS on its live predecessor's `next`;
@@ -28,19 +40,21 @@
 //        new element carries the same key and so_key, so every traversal that passes the old
 //        one (it skips marked nodes) reaches the new one. A node's key, so_key and value never
 //        change while it is reachable.
-//   (L5) Every bucket below 2^size_log2 has its dummy linked; buckets of levels above it are
-//        never a starting point for an operation that began after the size was published.
+//   (L5) At 2^size_log2 buckets every bucket has its dummy (levels 0..size_log2) linked;
+//        dummies of levels above it are never a starting point for an operation that began
+//        after the size was published.
 //   (L6) A node is reclaimed (returned to the pool, reused after a grace period) only after
 //        it was unlinked, and every operation runs inside a read section: no operation can
 //        hold a node that is reused under it, so no CAS suffers ABA.
 //   (L7) A `next` link carries, besides the mark bit, a tag that is a pure function of the
-//        successor it points to (link_to()): 0 for an element, 1 + level for the dummy of a
-//        bucket of that level. Every link value is built by link_to() or keeps the bits of
+//        successor it points to (link_to()): 0 for an element, 1 + level for a dummy of that
+//        level. Every link value is built by link_to() or keeps the bits of
 //        one that was, so a CAS's expected value always matches. Since the successor never
 //        changes level, a link's tag is as stable as its pointer. A lookup that started from
 //        bucket b at size 2^k stops at a link tagged with a level <= k without touching the
-//        node: that dummy's bucket c < 2^k follows b in the list, so its so_key differs from
-//        b's in the top k bits and exceeds every key of b's elements (L1).
+//        node: that dummy's so_key ends in at least 64 - k zeros, so it is the dummy of a
+//        bucket at size 2^k; it follows b's in the list, so its prefix is larger than b's and
+//        its so_key exceeds every key of b's elements (L1).
 //   (L8) Between two resizes, levels_[size_log2 + 1] is null: a grow stores a level only
 //        once it is allocated and publishes its size before it ends; a shrink frees its
 //        level before it ends. A level there at the start of a resize was left by a resizer
@@ -129,31 +143,54 @@ inline list_node* node_of(std::uintptr_t link) noexcept {
 }
 inline bool is_marked(std::uintptr_t link) noexcept { return (link & kMarked) != 0; }
 
-inline std::uint64_t reverse_bits(std::uint64_t x) noexcept {
-  x = ((x >> 1) & 0x5555555555555555ull) | ((x & 0x5555555555555555ull) << 1);
-  x = ((x >> 2) & 0x3333333333333333ull) | ((x & 0x3333333333333333ull) << 2);
-  x = ((x >> 4) & 0x0F0F0F0F0F0F0F0Full) | ((x & 0x0F0F0F0F0F0F0F0Full) << 4);
-  return __builtin_bswap64(x);
+// 2^64 divided by the golden ratio (Fibonacci hashing): bit j of the product depends on bits
+// 0..j of the hash, so the top bits, which choose the bucket, depend on all of them. A Hash
+// whose entropy sits in its low bits (std::hash of an integer is the identity) still spreads.
+inline constexpr std::uint64_t kSoKeyMultiplier = 0x9E3779B97F4A7C15ull;
+
+// (L1): an element's so_key is odd. An `avalanching` 64-bit hash, each of whose bits depends
+// on every bit of the key, is taken as it is: the multiply would only lengthen the path from
+// the key to its bucket's dummy (map/README.md, "Buckets from the top bits").
+inline std::uint64_t element_so_key(std::uint64_t hash, bool avalanching) noexcept {
+  return (avalanching ? hash : hash * kSoKeyMultiplier) | 1;
 }
-inline std::uint64_t element_so_key(std::uint64_t hash) noexcept {
-  return reverse_bits(hash | (std::uint64_t{1} << 63));
+// (L1): the so_key of entry `index` of `level`: its prefix, 2 x index + 1 in `level` bits,
+// followed by zeros (0 for level 0's only entry).
+inline std::uint64_t dummy_so_key(unsigned level, std::uint64_t index) noexcept {
+  return level == 0 ? 0 : (2 * index + 1) << (64 - level);
 }
-inline std::uint64_t dummy_so_key(std::uint64_t bucket) noexcept { return reverse_bits(bucket); }
+// The bucket of `so_key` at 2^size_log2 buckets: its top size_log2 bits, in two shifts (at
+// size 2^0 a single one would shift by 64).
+constexpr std::uint64_t prefix_of(std::uint64_t so_key, unsigned size_log2) noexcept {
+  return (so_key >> 1) >> (63 - size_log2);
+}
+// Where the dummy of the bucket whose prefix, `bits` long, is `prefix` lives: it is that of
+// the prefix without its z trailing zeros, entry prefix >> (z + 1) of level bits - z. The
+// bit set above the prefix gives prefix 0 z = bits: level 0, entry 0.
+struct dummy_position {
+  unsigned level;
+  std::uint64_t index;
+};
+constexpr dummy_position dummy_position_of(std::uint64_t prefix, unsigned bits) noexcept {
+  const auto zeros =
+      static_cast<unsigned>(std::countr_zero(prefix | (std::uint64_t{1} << bits)));
+  return {bits - zeros, prefix >> (zeros + 1)};
+}
 
 // (L7): the link to `node` with its tag. Reads node->so_key, which never changes while the
 // node is reachable.
 inline std::uintptr_t link_to(const list_node* node) noexcept {
   const auto address = reinterpret_cast<std::uintptr_t>(node);
   if (!kLinkTags || node == nullptr || !is_dummy(node)) return address;
-  // A dummy's so_key is its bucket reversed (dummy_so_key); its level is the bucket's width,
-  // bit_width(reverse_bits(so_key)), which is 64 - countr_zero(so_key) (0 for bucket 0).
+  // A dummy's so_key is its prefix followed by zeros (dummy_so_key): its level is the
+  // prefix's length, 64 - countr_zero(so_key) (0 for prefix 0).
   const std::uint64_t so_key = node->so_key;
   const auto level = so_key == 0 ? std::uintptr_t{0}
                                  : static_cast<std::uintptr_t>(64 - std::countr_zero(so_key));
   return address | ((level + 1) << kTagShift);
 }
-// (L7): whether `link` points to the dummy of a bucket below 2^size_log2, which ends the
-// elements of any such bucket that precede it in the list.
+// (L7): whether `link` points to a dummy of level <= size_log2, one of a bucket at
+// 2^size_log2 buckets, which ends the elements of any such bucket that precede it.
 inline bool ends_bucket(std::uintptr_t link, unsigned size_log2) noexcept {
   if constexpr (!kLinkTags) return false;
   // Bit 63 of a user-space link is 0, so the shift leaves the tag alone; unsigned wrap turns
@@ -187,19 +224,18 @@ class split_list {
   split_list(const split_list&) = delete;
   split_list& operator=(const split_list&) = delete;
 
-  // The dummy of the bucket that `hash` falls in at the current size.
-  list_node* bucket_of(std::uint64_t hash) const noexcept {
+  // The dummy of the bucket that an element's `so_key` falls in at the current size.
+  list_node* bucket_of(std::uint64_t so_key) const noexcept {
     unsigned size_log2;
-    return bucket_of(hash, size_log2);
+    return bucket_of(so_key, size_log2);
   }
   // The same, and the size (log2) it was taken at, for ends_bucket() (L7).
-  list_node* bucket_of(std::uint64_t hash, unsigned& size_log2) const noexcept {
+  list_node* bucket_of(std::uint64_t so_key, unsigned& size_log2) const noexcept {
     // Acquire (M4): the dummies of every bucket below the size are linked; pairs with (M3).
     size_log2 = size_log2_.load(std::memory_order_acquire);
-    const std::uint64_t bucket = hash & ((std::uint64_t{1} << size_log2) - 1);
-    return dummy(bucket);
+    return dummy_of_prefix(prefix_of(so_key, size_log2), size_log2);
   }
-  list_node* head() const noexcept { return dummy(0); }
+  list_node* head() const noexcept { return dummy_of_prefix(0, 0); }
 
   // Element count bookkeeping. Relaxed: a per-CPU counter, summed on read (size()).
   void count(std::int64_t delta) noexcept {
@@ -265,11 +301,11 @@ class split_list {
     std::atomic<std::uint64_t> changes{0};  // elements counted on this CPU since its last look
   };
 
-  list_node* dummy(std::uint64_t bucket) const noexcept {
-    const unsigned level = static_cast<unsigned>(std::bit_width(bucket));
-    const std::uint64_t first = level == 0 ? 0 : std::uint64_t{1} << (level - 1);
-    // Relaxed: ordered by the Acquire load of size_log2 (M4) that bounded `bucket`.
-    return levels_[level].load(std::memory_order_relaxed) + (bucket - first);
+  // The dummy of the bucket whose prefix, `bits` long, is `prefix` (dummy_position_of()).
+  list_node* dummy_of_prefix(std::uint64_t prefix, unsigned bits) const noexcept {
+    const dummy_position at = dummy_position_of(prefix, bits);
+    // Relaxed: ordered by the Acquire load of size_log2 (M4) that bounded `bits`.
+    return levels_[at.level].load(std::memory_order_relaxed) + at.index;
   }
   // The resizer's turn (resizing_). try_begin_resize() takes it, or returns false while another
   // thread of this process holds it; a turn held under an older fork generation was copied
