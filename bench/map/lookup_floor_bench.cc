@@ -3,6 +3,10 @@
 //
 //   BM_bare_chain        bucket array (16-byte entries, like grace's dummies) -> node chain;
 //                        no read section, no hashing beyond the key's own bits
+//   BM_bare_chain_split_key<reversed | multiplied>   the same walk comparing a split-order
+//                        key first, as a split-ordered list does: the key's bits reversed
+//                        (Shalev & Shavit's order, grace before session 11), or multiplied by
+//                        2^64/phi (grace's order since): what computing the key costs
 //   BM_chain_in_read_section   the same walk inside grace::pin(), one per lookup (liburcu's read
 //                        side, through the shared library as grace is built by default)
 //   BM_chain_in_urcu_read_section   the same with liburcu's urcu_memb_read_lock/unlock alone:
@@ -34,11 +38,28 @@ namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr unsigned kLookupsPerIteration = 64;
 
+// How a split-ordered list orders its elements: by the bit-reversed hash (Shalev & Shavit),
+// or by the hash times 2^64/phi (grace's element_so_key() for a Hash that does not avalanche).
+enum class split_order { reversed, multiplied };
+
+template <split_order Order>
+std::uint64_t split_key(std::uint64_t key) noexcept {
+  if constexpr (Order == split_order::reversed) {
+    std::uint64_t x = key | (std::uint64_t{1} << 63);
+    x = ((x >> 1) & 0x5555555555555555ull) | ((x & 0x5555555555555555ull) << 1);
+    x = ((x >> 2) & 0x3333333333333333ull) | ((x & 0x3333333333333333ull) << 2);
+    x = ((x >> 4) & 0x0F0F0F0F0F0F0F0Full) | ((x & 0x0F0F0F0F0F0F0F0Full) << 4);
+    return __builtin_bswap64(x);
+  } else {
+    return grace::detail::element_so_key(key, /*avalanching=*/false);
+  }
+}
+
 // The bare table: a node per key, chained from 16-byte bucket entries (first node, unused
 // word), as many buckets as keys rounded up to a power of two, as grace's load factor 1 gives.
 struct chain_node {
   chain_node* next;
-  std::uint64_t so_key;  // not read: there only to give the node grace's 88-byte layout
+  std::uint64_t so_key;  // read by check_split_key() only; gives the node grace's layout
   std::uint64_t key;
   value64 value;
 };
@@ -47,6 +68,7 @@ struct bucket_entry {
   std::uint64_t unused;
 };
 
+template <split_order Order>
 class bare_table {
  public:
   explicit bare_table(std::size_t keys)
@@ -64,6 +86,7 @@ class bare_table {
     for (std::size_t i = 0; i < keys; ++i) {
       chain_node& n = nodes_[i];
       n.key = key_of(i);
+      n.so_key = split_key<Order>(n.key);
       n.value = make_value(n.key);
       bucket_entry& b = buckets_[n.key & mask_];
       n.next = b.first;
@@ -78,6 +101,16 @@ class bare_table {
   bool check(std::uint64_t key) const {
     for (const chain_node* n = buckets_[key & mask_].first; n != nullptr; n = n->next) {
       if (n->key == key) return value_matches(n->value, key);
+    }
+    return false;
+  }
+  // The same, comparing the nodes' split-order keys first.
+  bool check_split_key(std::uint64_t key) const {
+    const std::uint64_t so_key = split_key<Order>(key);
+    for (const chain_node* n = buckets_[key & mask_].first; n != nullptr; n = n->next) {
+      if (n->so_key == so_key && n->key == key) {
+        return value_matches(n->value, key);
+      }
     }
     return false;
   }
@@ -99,13 +132,14 @@ std::unique_ptr<grace_table> make_grace_table(std::size_t keys) {
   return map;
 }
 
-// Built once per size, on first use, shared by the benchmark's threads.
-const bare_table& bare_for(std::size_t keys) {
+// Built once per size and order, on first use, shared by the benchmark's threads.
+template <split_order Order = split_order::reversed>
+const bare_table<Order>& bare_for(std::size_t keys) {
   if (keys == 10'000) {
-    static const bare_table small(10'000);
+    static const bare_table<Order> small(10'000);
     return small;
   }
-  static const bare_table large(1'000'000);
+  static const bare_table<Order> large(1'000'000);
   return large;
 }
 const grace_table& grace_for(std::size_t keys) {
@@ -135,12 +169,18 @@ void run_lookups(benchmark::State& state, Check check) {
 }
 
 void BM_bare_chain(benchmark::State& state) {
-  const bare_table& table = bare_for(static_cast<std::size_t>(state.range(0)));
+  const auto& table = bare_for(static_cast<std::size_t>(state.range(0)));
   run_lookups(state, [&](std::uint64_t key) { return table.check(key); });
 }
 
+template <split_order Order>
+void BM_bare_chain_split_key(benchmark::State& state) {
+  const auto& table = bare_for<Order>(static_cast<std::size_t>(state.range(0)));
+  run_lookups(state, [&](std::uint64_t key) { return table.check_split_key(key); });
+}
+
 void BM_chain_in_read_section(benchmark::State& state) {
-  const bare_table& table = bare_for(static_cast<std::size_t>(state.range(0)));
+  const auto& table = bare_for(static_cast<std::size_t>(state.range(0)));
   { auto registers_this_thread = grace::pin(); }
   run_lookups(state, [&](std::uint64_t key) {
     auto guard = grace::pin();
@@ -149,7 +189,7 @@ void BM_chain_in_read_section(benchmark::State& state) {
 }
 
 void BM_chain_in_urcu_read_section(benchmark::State& state) {
-  const bare_table& table = bare_for(static_cast<std::size_t>(state.range(0)));
+  const auto& table = bare_for(static_cast<std::size_t>(state.range(0)));
   { auto registers_this_thread = grace::pin(); }  // liburcu registration, grace's way
   run_lookups(state, [&](std::uint64_t key) {
     urcu_memb_read_lock();
@@ -170,6 +210,16 @@ void BM_grace_visit(benchmark::State& state) {
 }
 
 BENCHMARK(BM_bare_chain)->Arg(10'000)->Arg(1'000'000)->Threads(2)->UseRealTime();
+BENCHMARK(BM_bare_chain_split_key<split_order::reversed>)
+    ->Arg(10'000)
+    ->Arg(1'000'000)
+    ->Threads(2)
+    ->UseRealTime();
+BENCHMARK(BM_bare_chain_split_key<split_order::multiplied>)
+    ->Arg(10'000)
+    ->Arg(1'000'000)
+    ->Threads(2)
+    ->UseRealTime();
 BENCHMARK(BM_chain_in_read_section)->Arg(10'000)->Arg(1'000'000)->Threads(2)->UseRealTime();
 BENCHMARK(BM_chain_in_urcu_read_section)->Arg(10'000)->Arg(1'000'000)->Threads(2)->UseRealTime();
 BENCHMARK(BM_grace_visit)->Arg(10'000)->Arg(1'000'000)->Threads(2)->UseRealTime();
