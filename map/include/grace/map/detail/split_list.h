@@ -2,9 +2,8 @@
 //
 // The lock-free core of grace::hash_map: one split-ordered list (Shalev & Shavit, JACM 2006)
 // of every element, with one dummy node per bucket marking where that bucket's elements
-// begin. Deletion follows Michael (SPAA 2002): a node is
-// deleted by setting the mark bit of its own `next`, then unlinked by a CAS on its
-// predecessor's `next`.
+// begin. Deletion follows Michael (SPAA 2002): a node is deleted by setting the mark bit of
+// its own `next`, then unlinked by a CAS on its predecessor's `next`.
 //
 // The list is sorted by so_key. An element's so_key is its hash times a Fibonacci constant
 // (or the hash itself, for a Hash that avalanches), with bit 0 set; at 2^k buckets its
@@ -14,7 +13,7 @@
 // with its buckets renamed: they take a bucket from the hash's low bits and sort by the
 // reversed hash (their bucket t splits into t and t + 2^k); taking it from the top bits sorts
 // by the so_key itself, without the ~20 instructions of a reversal on every operation
-// (map/README.md, "Buckets from the top bits").
+// (map/README.md, "The algorithm" item 5, and "Session 11: buckets from the top bits").
 //
 //   size 4:  d(00) -> e(00..) -> d(01) -> e(01..) -> e(01..) -> d(10) -> d(11) -> e(11..)
 //
@@ -48,13 +47,13 @@
 //        hold a node that is reused under it, so no CAS suffers ABA.
 //   (L7) A `next` link carries, besides the mark bit, a tag that is a pure function of the
 //        successor it points to (link_to()): 0 for an element, 1 + level for a dummy of that
-//        level. Every link value is built by link_to() or keeps the bits of
-//        one that was, so a CAS's expected value always matches. Since the successor never
-//        changes level, a link's tag is as stable as its pointer. A lookup that started from
-//        bucket b at size 2^k stops at a link tagged with a level <= k without touching the
-//        node: that dummy's so_key ends in at least 64 - k zeros, so it is the dummy of a
-//        bucket at size 2^k; it follows b's in the list, so its prefix is larger than b's and
-//        its so_key exceeds every key of b's elements (L1).
+//        level. Every link value is built by link_to() or keeps the bits of one that was, so
+//        a CAS's expected value always matches. Since the successor never changes level, a
+//        link's tag is as stable as its pointer. A lookup that started from bucket b at size
+//        2^k stops at a link tagged with a level <= k without touching the node: that
+//        dummy's so_key ends in at least 64 - k zeros, so it is the dummy of a bucket at size
+//        2^k; it follows b's in the list, so its prefix is larger than b's and its so_key
+//        exceeds every key of b's elements (L1).
 //   (L8) Between two resizes, levels_[size_log2 + 1] is null: a grow stores a level only
 //        once it is allocated and publishes its size before it ends; a shrink frees its
 //        level before it ends. A level there at the start of a resize was left by a resizer
@@ -150,7 +149,7 @@ inline constexpr std::uint64_t kSoKeyMultiplier = 0x9E3779B97F4A7C15ull;
 
 // (L1): an element's so_key is odd. An `avalanching` 64-bit hash, each of whose bits depends
 // on every bit of the key, is taken as it is: the multiply would only lengthen the path from
-// the key to its bucket's dummy (map/README.md, "Buckets from the top bits").
+// the key to its bucket's dummy (map/README.md, "Session 11: buckets from the top bits").
 inline std::uint64_t element_so_key(std::uint64_t hash, bool avalanching) noexcept {
   return (avalanching ? hash : hash * kSoKeyMultiplier) | 1;
 }
@@ -231,7 +230,7 @@ class split_list {
   }
   // The same, and the size (log2) it was taken at, for ends_bucket() (L7).
   list_node* bucket_of(std::uint64_t so_key, unsigned& size_log2) const noexcept {
-    // Acquire (M4): the dummies of every bucket below the size are linked; pairs with (M3).
+    // Acquire (M4): the dummies of every bucket at that size are linked; pairs with (M3).
     size_log2 = size_log2_.load(std::memory_order_acquire);
     return dummy_of_prefix(prefix_of(so_key, size_log2), size_log2);
   }
