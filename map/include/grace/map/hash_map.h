@@ -19,6 +19,10 @@
 //   - No iterators: for_each() visits every element present for the whole iteration
 //     exactly once, even across concurrent resizes.
 //   - size() is exact only when no update is in flight.
+//   - Any Hash spreads: the map multiplies its result by 2^64/phi and takes the bucket from
+//     the top bits. A 64-bit Hash whose every result bit depends on every bit of the key may
+//     skip that by declaring `using is_avalanching = std::true_type;`; absl::Hash, the
+//     default, is taken as one.
 //   - Neither copyable nor movable (readers hold pointers into it): keep it where it is
 //     built, or behind a std::unique_ptr.
 //   - An erased or replaced element's ~Key and ~Value run after a grace period, not inside
