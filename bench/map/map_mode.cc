@@ -175,7 +175,8 @@ struct config {
   bool batch_read_sections = true;
   bool string_values = false;  // std::string values (--value string), not value64
   int grace_worker_nice = 0;   // grace's reclaim worker (--grace-worker-nice)
-  bool grace_by_updaters = false;  // --grace-destruction by_updaters
+  // grace's element destruction (--grace-destruction)
+  grace::element_destruction grace_destruction = grace::element_destruction::on_reclaim_worker;
 };
 
 const char* value_name(bool string_values) { return string_values ? "string" : "fixed64"; }
@@ -755,15 +756,16 @@ std::string worker_nice_of(const config& cfg) {
   return std::string(Map::kName) == "grace" ? std::to_string(cfg.grace_worker_nice) : "na";
 }
 
-const char* destruction_name(bool by_updaters) {
-  return by_updaters ? "by_updaters" : "on_reclaim_worker";
+const char* destruction_name(grace::element_destruction destruction) {
+  return destruction == grace::element_destruction::by_updaters ? "by_updaters"
+                                                                 : "on_reclaim_worker";
 }
 
 // What a result line's destruction= says: where grace destroys erased elements; na for the
 // other maps.
 template <class Map>
 const char* destruction_of(const config& cfg) {
-  return std::string(Map::kName) == "grace" ? destruction_name(cfg.grace_by_updaters) : "na";
+  return std::string(Map::kName) == "grace" ? destruction_name(cfg.grace_destruction) : "na";
 }
 
 result timed_result(const char* map, const char* value, use_case uc, unsigned threads,
@@ -1039,7 +1041,7 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
                                    "--grace-worker-nice",
                                    std::to_string(cfg.grace_worker_nice),
                                    "--grace-destruction",
-                                   destruction_name(cfg.grace_by_updaters)};
+                                   destruction_name(cfg.grace_destruction)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -1149,9 +1151,10 @@ int run(const parsed_options& options, reporter& out) {
   cfg.string_values = options.choice("value") == "string";
   cfg.grace_worker_nice = static_cast<int>(options.count("grace-worker-nice"));
   grace_worker_nice = cfg.grace_worker_nice;
-  cfg.grace_by_updaters = options.choice("grace-destruction") == "by_updaters";
-  grace_destruction = cfg.grace_by_updaters ? grace::element_destruction::by_updaters
-                                            : grace::element_destruction::on_reclaim_worker;
+  cfg.grace_destruction = options.choice("grace-destruction") == "by_updaters"
+                              ? grace::element_destruction::by_updaters
+                              : grace::element_destruction::on_reclaim_worker;
+  grace_destruction = cfg.grace_destruction;
   cfg.footprint_keys = options.count("footprint-keys");
   cfg.destroy_elements = options.count("destroy-elements");
   if (options.given("keys")) {

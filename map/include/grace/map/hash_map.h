@@ -345,12 +345,12 @@ class hash_map {
   bool insert(Key&& key, Value value) { return try_emplace(std::move(key), std::move(value)); }
   template <class... Args>
   bool try_emplace(const Key& key, Args&&... args) {
-    return emplace_if_absent(hash_(key), key, std::forward<Args>(args)...);
+    return emplace_if_absent(so_key_of(key), key, std::forward<Args>(args)...);
   }
   template <class... Args>
   bool try_emplace(Key&& key, Args&&... args) {
-    const std::uint64_t hash = hash_(std::as_const(key));
-    return emplace_if_absent(hash, std::move(key), std::forward<Args>(args)...);
+    const std::uint64_t so_key = so_key_of(std::as_const(key));
+    return emplace_if_absent(so_key, std::move(key), std::forward<Args>(args)...);
   }
 
   // Inserts or replaces (BPF_ANY); true if inserted. An rvalue key is moved into the element.
@@ -364,11 +364,11 @@ class hash_map {
     requires std::copy_constructible<Key>
   {
     check_not_in_retried_callback();
-    const std::uint64_t hash = hash_(key);
+    const std::uint64_t so_key = so_key_of(key);
     auto guard = pin_reader();
     detail::list_node* start;
-    if (lookup_in_bucket(hash, key, start) == nullptr) return false;
-    node* fresh = make_node(hash, key, std::move(value));
+    if (lookup_in_bucket(so_key, key, start) == nullptr) return false;
+    node* fresh = make_node(so_key, key, std::move(value));
     return discard_on_throw(fresh, [&] {
              return upsert(start, fresh, key, /*may_insert=*/false);
            }) == upsert_result::replaced;
@@ -381,7 +381,7 @@ class hash_map {
   bool update(const Key& key, F&& f)
     requires std::copy_constructible<Key>
   {
-    return update_hashed(hash_(key), key, f);
+    return update_hashed(so_key_of(key), key, f);
   }
 
   // Replaces the value with f(old) if the key is present, else inserts `value` (a counter's
@@ -392,10 +392,10 @@ class hash_map {
   bool insert_or_update(const Key& key, const Value& value, F&& f)
     requires std::copy_constructible<Key> && std::copy_constructible<Value>
   {
-    const std::uint64_t hash = hash_(key);  // once for every attempt
+    const std::uint64_t so_key = so_key_of(key);  // once for every attempt
     for (;;) {
-      if (update_hashed(hash, key, f)) return false;
-      if (emplace_if_absent(hash, key, value)) return true;
+      if (update_hashed(so_key, key, f)) return false;
+      if (emplace_if_absent(so_key, key, value)) return true;
     }
   }
 
@@ -416,8 +416,7 @@ class hash_map {
     requires lookup_key<K>
   bool erase_if(const K& key, Pred&& pred) {
     check_not_in_retried_callback();
-    const std::uint64_t hash = hash_of(key);
-    const std::uint64_t so_key = so_key_of(hash);
+    const std::uint64_t so_key = so_key_of(key);
     bool erased = false;
     {
       auto guard = pin_reader();
@@ -655,44 +654,42 @@ class hash_map {
   }
 
   template <class K, class... Args>
-  node* make_node(std::uint64_t hash, K&& key, Args&&... args) {
+  node* make_node(std::uint64_t so_key, K&& key, Args&&... args) {
     void* memory = pool_.allocate();
     try {
       detail::check_untagged(memory);
-      return new (memory)
-          node(so_key_of(hash), std::forward<K>(key), std::forward<Args>(args)...);
+      return new (memory) node(so_key, std::forward<K>(key), std::forward<Args>(args)...);
     } catch (...) {
       pool_.deallocate_unconstructed(memory);
       throw;
     }
   }
-  // update() and insert_or_update(), `hash` being the key's.
+  // update() and insert_or_update(), `so_key` being the key's.
   template <class F>
-  bool update_hashed(std::uint64_t hash, const Key& key, F& f) {
+  bool update_hashed(std::uint64_t so_key, const Key& key, F& f) {
     check_not_in_retried_callback();
-    const std::uint64_t so_key = so_key_of(hash);
     auto guard = pin_reader();
     detail::list_node* start = list_.bucket_of(so_key);
     for (;;) {
       position at = search(start, key, so_key);
       if (at.found == nullptr) return false;
-      node* fresh =
-          make_node(hash, key, run_retried_callback(f, static_cast<const Value&>(at.found->value)));
+      node* fresh = make_node(
+          so_key, key, run_retried_callback(f, static_cast<const Value&>(at.found->value)));
       if (replace(start, at, fresh)) return true;
       discard(fresh);
     }
   }
-  // try_emplace(), insert() and insert_or_update(), `hash` being the key's; K is const Key&
-  // or Key.
+  // try_emplace(), insert() and insert_or_update(), `so_key` being the key's; K is const
+  // Key& or Key.
   template <class K, class... Args>
-  bool emplace_if_absent(std::uint64_t hash, K&& key, Args&&... args) {
+  bool emplace_if_absent(std::uint64_t so_key, K&& key, Args&&... args) {
     check_not_in_retried_callback();
     bool inserted;
     {
       auto guard = pin_reader();
       detail::list_node* start;
-      if (lookup_in_bucket(hash, std::as_const(key), start) != nullptr) return false;
-      node* fresh = make_node(hash, std::forward<K>(key), std::forward<Args>(args)...);
+      if (lookup_in_bucket(so_key, std::as_const(key), start) != nullptr) return false;
+      node* fresh = make_node(so_key, std::forward<K>(key), std::forward<Args>(args)...);
       // The element's own key from here on: the caller's may have been moved into it.
       try {
         inserted = link_new(start, fresh, fresh->key);
@@ -723,15 +720,15 @@ class hash_map {
   template <class K>
   bool store(K&& key, Value&& value) {
     check_not_in_retried_callback();
-    const std::uint64_t hash = hash_(std::as_const(key));
+    const std::uint64_t so_key = so_key_of(std::as_const(key));
     bool inserted;
     {
       auto guard = pin_reader();
-      node* fresh = make_node(hash, std::forward<K>(key), std::move(value));
+      node* fresh = make_node(so_key, std::forward<K>(key), std::move(value));
       // The element's own key: the caller's may have been moved into it. It stays readable
       // after fresh is published, for this read section keeps fresh from reclamation.
       inserted = discard_on_throw(fresh, [&] {
-        return upsert(list_.bucket_of(fresh->so_key), fresh, fresh->key, /*may_insert=*/true);
+        return upsert(list_.bucket_of(so_key), fresh, fresh->key, /*may_insert=*/true);
       }) == upsert_result::inserted;
     }
     if (inserted) list_.count(+1);
@@ -777,7 +774,7 @@ class hash_map {
   template <class K>
   const node* lookup(const K& key) const {
     detail::list_node* start;
-    return lookup_in_bucket(hash_of(key), key, start);
+    return lookup_in_bucket(so_key_of(key), key, start);
   }
   // The hash of a key. With GRACE_CHECK_MISUSE, a K other than Key that converts to one
   // implicitly, or a string view for a string Key (an explicit conversion, but the one
@@ -799,16 +796,17 @@ class hash_map {
 #endif
     return hash;
   }
-  // (L1): the split-order key of an element whose key hashes to `hash`.
-  static std::uint64_t so_key_of(std::uint64_t hash) noexcept {
-    return detail::element_so_key(hash, detail::hash_taken_as_it_is_v<Hash, Key>);
-  }
-  // The same for a hashed key; `start` receives the dummy of its bucket, where an update
-  // that follows the lookup begins its own walk.
+  // (L1): the split-order key of an element with `key`, from its hash_of(): every public
+  // operation computes it once, and the paths below take it as it is.
   template <class K>
-  const node* lookup_in_bucket(std::uint64_t hash, const K& key,
+  std::uint64_t so_key_of(const K& key) const {
+    return detail::element_so_key(hash_of(key), detail::hash_taken_as_it_is_v<Hash, Key>);
+  }
+  // The reader's walk for a key whose split-order key is `so_key`; `start` receives the
+  // dummy of its bucket, where an update that follows the lookup begins its own walk.
+  template <class K>
+  const node* lookup_in_bucket(std::uint64_t so_key, const K& key,
                                detail::list_node*& start) const {
-    const std::uint64_t so_key = so_key_of(hash);
     unsigned size_log2;
     start = list_.bucket_of(so_key, size_log2);
     return lookup_from(start, size_log2, key, so_key);
