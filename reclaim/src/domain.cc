@@ -63,15 +63,40 @@ void flush_global_domain_at_exit() {
 }  // namespace
 
 namespace detail {
+namespace {
+// The highest possible CPU number + 1, from the kernel's list of possible CPUs ("0-3",
+// "0,2-5"); get_nprocs_conf() (which counts CPUs) where the list cannot be read.
+unsigned possible_cpu_numbers() noexcept {
+  unsigned highest_plus_one = 0;
+  if (std::FILE* list = std::fopen("/sys/devices/system/cpu/possible", "re")) {
+    unsigned number = 0;
+    bool in_number = false;
+    for (int c = std::fgetc(list);; c = std::fgetc(list)) {
+      if (c >= '0' && c <= '9') {
+        number = number * 10 + static_cast<unsigned>(c - '0');
+        in_number = true;
+        continue;
+      }
+      if (in_number) highest_plus_one = std::max(highest_plus_one, number + 1);
+      number = 0;
+      in_number = false;
+      if (c == EOF) break;
+    }
+    std::fclose(list);
+  }
+  const int configured = get_nprocs_conf();
+  return std::max(highest_plus_one, configured > 0 ? static_cast<unsigned>(configured) : 1u);
+}
+}  // namespace
+
 unsigned cpu_shard_count() noexcept {
-  // get_nprocs_conf() reads sysfs each time; the count of possible CPUs does not change. A
-  // cache, not a function-local static: a fork() child must never inherit the static's guard
-  // taken by a thread it does not have. Relaxed: every thread computes the same value.
+  // The list of possible CPUs does not change. A cache, not a function-local static: a
+  // fork() child must never inherit the static's guard taken by a thread it does not have.
+  // Relaxed: every thread computes the same value.
   static constinit std::atomic<unsigned> shards{0};
   unsigned count = shards.load(std::memory_order_relaxed);
   if (count == 0) [[unlikely]] {
-    const int cpus = get_nprocs_conf();
-    count = std::bit_ceil(static_cast<unsigned>(cpus > 0 ? cpus : 1));
+    count = std::bit_ceil(possible_cpu_numbers());
     shards.store(count, std::memory_order_relaxed);
   }
   return count;

@@ -13,6 +13,7 @@
 #include "grace/reclaim/domain.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "grace/reclaim/detail/cpu.h"
 #include "grace/reclaim/read_guard.h"
 #include "tests/testing/testing.h"
 
@@ -181,6 +183,32 @@ TEST_P(DomainBatching, ObjectsRetiredInsideAReadSectionOutliveTheSection) {
   }
   d.barrier();
   EXPECT_TRUE(tracker.each_destroyed_once(0, kObjects));
+}
+
+// Per-CPU shards (the domain's, and the pool's caches) are indexed by the CPU's number:
+// every CPU this process may run on needs one of its own, even where numbers are sparse.
+TEST(Domain, EveryCpuTheProcessMayRunOnHasAShardOfItsOwnAndIsToldApart) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  const unsigned shards = grace::detail::cpu_shard_count();
+  EXPECT_EQ(shards & (shards - 1), 0u) << "a power of two";
+  std::vector<unsigned> cpus;
+  for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  ASSERT_FALSE(cpus.empty());
+  for (const unsigned cpu : cpus) {
+    EXPECT_LT(cpu, shards);
+    std::thread([&] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+      EXPECT_EQ(grace::detail::current_cpu(), cpu);
+      EXPECT_TRUE(grace::detail::running_on(cpu));
+      EXPECT_FALSE(grace::detail::running_on(cpu + 1));
+    }).join();
+  }
 }
 
 TEST(Domain, StatsCountRetiredReclaimedBlocksAndGracePeriods) {
