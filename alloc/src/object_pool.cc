@@ -2,6 +2,8 @@
 #include "grace/alloc/object_pool.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <bit>
 #include <cstdint>
@@ -15,6 +17,10 @@
 #include <string>
 #include <thread>
 #include <utility>
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "grace/reclaim/detail/fork.h"
 
@@ -47,6 +53,8 @@ inline constexpr unsigned kEmptyMagazinesPerCache = 2;
 // destroy_deallocated() in a fork() child: yields before it skips a cache of a pool built
 // during the fork that stays held (pool_core::fork_skip).
 inline constexpr unsigned kForkSkippedHoldTries = 1000;
+// How many times stats() yields to the holder of a cache it would settle.
+inline constexpr unsigned kStatsHoldTries = 64;
 // Constructed magazines one hold takes out to destroy (P7), bounding the destructors one
 // take runs (48 objects a magazine by default). Two keep up with a thread that frees an
 // object per allocation.
@@ -723,8 +731,7 @@ struct pool_core {
     update_gauges(cache);
     pool.release_hold(cache);
     for (magazine* m = taken.fifo.head; m != nullptr; m = m->next) make_ready(m);
-    // Acquire (A1): pairs with (A2).
-    const bool held = !cache.held.exchange(true, std::memory_order_acquire);
+    const bool held = pool.take_cache(cache, pool.index_of(cache));
     while (taken.fifo.head != nullptr) {
       magazine* m = taken.fifo.pop_front();
       if (held) {
@@ -1014,8 +1021,8 @@ struct pool_core {
     const std::uint64_t trimmed = (core->low + core->high) / 2;
     for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
       pool_cache& cache = pool.caches_[i];
-      // Acquire (A1): pairs with (A2). A held cache is busy: look again next pass.
-      if (cache.held.exchange(true, std::memory_order_acquire)) {
+      // A held cache is busy: look again next pass.
+      if (!pool.take_cache(cache, i)) {
         again = true;
         continue;
       }
@@ -1135,9 +1142,11 @@ void pool_core::remove_for_fork(pool_core& core) noexcept {
 void pool_core::hold_every_cache() noexcept {
   pools_mutex.lock();
   splice_new_pools();  // a pool constructed after this point is not held by this fork
+  bool sequences = false;
   for (pool_core* core = live_pools; core != nullptr; core = core->fork_next) {
     if (core->fork_skip) continue;
     object_pool& pool = core->pool;
+    sequences = sequences || pool.restartable_sequences_;
     for (unsigned i = 0; i <= pool.cache_mask_; ++i) {
       // Acquire (A1): the holder's changes are complete before the copy; pairs with (A2).
       while (pool.caches_[i].held.exchange(true, std::memory_order_acquire)) {
@@ -1145,13 +1154,18 @@ void pool_core::hold_every_cache() noexcept {
       }
     }
   }
+  // (A8), for every CPU at once: no sequence is half done when the child's copy is taken (a
+  // push's object and its commit may lie on two pages, which fork() need not copy at one
+  // instant), and none starts before release_every_cache().
+  if (sequences) object_pool::fence_all_fast_paths_slow();
 }
 
 void pool_core::release_every_cache() noexcept {
   for (pool_core* core = live_pools; core != nullptr; core = core->fork_next) {
     if (core->fork_skip) continue;
     object_pool& pool = core->pool;
-    for (unsigned i = 0; i <= pool.cache_mask_; ++i) pool.release_hold(pool.caches_[i]);
+    // The fork's holds change nothing: like fast-path holds, they leave the counting (P8).
+    for (unsigned i = 0; i <= pool.cache_mask_; ++i) pool.end_fast_hold(pool.caches_[i]);
   }
 }
 
@@ -1233,12 +1247,95 @@ pool_options resolve_options(std::size_t object_size, pool_options options) {
 
 }  // namespace
 
+namespace detail {
+
+namespace {
+
+long membarrier_call(int command, unsigned flags, int cpu) noexcept {
+  return syscall(__NR_membarrier, command, flags, cpu);
+}
+
+// 0: not yet asked; 1: this process may use the pool's restartable sequences; 2: it may not.
+// Not a function-local static: a fork() child must not find its guard held by a thread of
+// the parent. Relaxed: every thread that asks gets the same answer, and registering twice
+// is harmless.
+std::atomic<int> rseq_state{0};
+
+}  // namespace
+
+bool restartable_sequences_available() noexcept {
+  int state = rseq_state.load(std::memory_order_relaxed);
+  if (state == 0) {
+    bool usable = false;
+    if (GRACE_POOL_RSEQ && __rseq_size != 0) {
+      // A thread whose registration failed reads a CPU number no cache has: its sequences
+      // always fall back. The fence must exist, or holders could not stop sequences (A8).
+      const long commands = membarrier_call(MEMBARRIER_CMD_QUERY, 0, 0);
+      usable = commands > 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) != 0 &&
+               membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
+    }
+    state = usable ? 1 : 2;
+    rseq_state.store(state, std::memory_order_relaxed);
+  }
+  return state == 1;
+}
+
+}  // namespace detail
+
+namespace detail {
+namespace {
+
+// membarrier's RSEQ fence on one CPU (flags MEMBARRIER_CMD_FLAG_CPU) or on every CPU that
+// runs a thread of this process (flags 0). It cannot fail once registered: the registration
+// is the process's and survives fork(); only exec() drops it, and no pool survives that.
+// Register again once before calling it a broken promise.
+void rseq_fence(unsigned flags, int cpu) noexcept {
+  if (membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, flags, cpu) == 0) return;
+  if (membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0 &&
+      membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, flags, cpu) == 0) {
+    return;
+  }
+  std::fprintf(stderr,
+               "grace::object_pool: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) failed "
+               "(errno %d) after it was registered; a cache cannot be held safely.\n",
+               errno);
+  std::abort();
+}
+
+}  // namespace
+}  // namespace detail
+
+void object_pool::fence_fast_paths_slow(unsigned cpu) noexcept {
+  detail::rseq_fence(MEMBARRIER_CMD_FLAG_CPU, static_cast<int>(cpu));
+}
+
+void object_pool::fence_all_fast_paths_slow() noexcept { detail::rseq_fence(0, 0); }
+
+void object_pool::settle(detail::pool_cache& cache) noexcept {
+  std::uint64_t pops = 0;
+  std::uint64_t pushes = 0;
+  if (detail::magazine* loaded = cache.loaded) {
+    pops = std::uint64_t{cache.loaded_mark} + loaded->pushed - loaded->count;
+    pushes += loaded->pushed;
+    loaded->pushed = 0;
+  }
+  if (detail::magazine* freed = cache.freed) {
+    pushes += freed->pushed;
+    freed->pushed = 0;
+  }
+  if (pops != 0) detail::bump(cache.allocated, pops);
+  if (pushes != 0) detail::bump(cache.deallocated, pushes);
+  cache.loaded_mark = cache.loaded != nullptr ? cache.loaded->count : 0;
+}
+
 object_pool::object_pool(std::size_t object_size, pool_options options, domain& reclamation)
     : object_size_(object_size),
       options_(resolve_options(object_size, options)),
       domain_(reclamation),
       caches_(std::make_unique<detail::pool_cache[]>(detail::cpu_shard_count())),
-      cache_mask_(detail::cpu_shard_count() - 1) {
+      cache_mask_(detail::cpu_shard_count() - 1),
+      restartable_sequences_(options_.restartable_sequences &&
+                             detail::restartable_sequences_available()) {
   const std::size_t stride =
       detail::round_up(std::max(object_size_, detail::kMinStride), options_.alignment);
   core_ = std::make_unique<detail::pool_core>(
@@ -1325,6 +1422,7 @@ object_pool::~object_pool() {
 }
 
 void* object_pool::allocate_slow(detail::pool_cache& cache) {
+  settle(cache);
   detail::pool_core& core = *core_;
   detail::pool_core::taken_magazines taken;
   if (options_.reuse_after_gp) core.promote_elapsed(cache, taken);
@@ -1374,8 +1472,16 @@ void* object_pool::finish_allocate(detail::pool_cache& cache, void* object) noex
 }
 
 void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexcept {
+  settle(cache);
   detail::pool_core& core = *core_;
   detail::magazine*& target = options_.reuse_after_gp ? cache.freed : cache.loaded;
+  if (target != nullptr && !target->full()) {
+    // Only `pushed` was at its limit, and settle() zeroed it.
+    target->objects()[target->count++] = object;
+    detail::bump(cache.deallocated);
+    release_hold(cache);
+    return;
+  }
   if (target != nullptr) {
     // Full. (P1): sealed with a cookie; or, without reuse_after_gp, ready at once.
     if (options_.reuse_after_gp) {
@@ -1396,7 +1502,6 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
     return;
   }
   target->objects()[target->count++] = object;
-  if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
   detail::bump(cache.deallocated);
   detail::pool_core::taken_magazines taken;
   if (options_.reuse_after_gp) core.promote_elapsed(cache, taken);
@@ -1430,15 +1535,21 @@ void* object_pool::allocate_contended_slow(unsigned home) {
   // The holder is most often a thread preempted inside its few instructions of hold: let it
   // run once, then look at every cache, home first.
   std::this_thread::yield();
+  if (restartable_sequences_) {
+    // Where the thread runs now, without a fence: only another CPU's cache needs one (A8).
+    if (void* object = detail::rseq_pop(caches_.get(), cache_mask_ + 1)) {
+      detail::asan_unpoison(object, object_size_);
+      return object;
+    }
+  }
   for (unsigned i = 0; i <= cache_mask_; ++i) {
-    detail::pool_cache& cache = caches_[(home + i) & cache_mask_];
-    // Acquire (A1): pairs with (A2).
-    if (cache.held.exchange(true, std::memory_order_acquire)) continue;
+    const unsigned index = (home + i) & cache_mask_;
+    detail::pool_cache& cache = caches_[index];
+    if (!take_fast(cache, index)) continue;
     detail::magazine* loaded = cache.loaded;
     if (loaded == nullptr || loaded->empty()) return allocate_slow(cache);
-    void* object = loaded->objects()[--loaded->count];
-    detail::bump(cache.allocated);
-    release_hold(cache);
+    void* object = loaded->pop();
+    end_fast_hold(cache);
     detail::asan_unpoison(object, object_size_);
     return object;
   }
@@ -1457,19 +1568,22 @@ void* object_pool::allocate_contended_slow(unsigned home) {
 }
 
 void object_pool::deallocate_contended_slow(unsigned home, void* object) noexcept {
+  if (restartable_sequences_) {
+    // Another CPU's cache costs a fence (A8), more than letting the holder run once.
+    std::this_thread::yield();
+    if (detail::rseq_push(caches_.get(), cache_mask_ + 1, target_offset(), object)) return;
+  }
   for (unsigned i = 1; i <= cache_mask_; ++i) {
-    detail::pool_cache& cache = caches_[(home + i) & cache_mask_];
-    // Acquire (A1): pairs with (A2).
-    if (cache.held.exchange(true, std::memory_order_acquire)) continue;
+    const unsigned index = (home + i) & cache_mask_;
+    detail::pool_cache& cache = caches_[index];
+    if (!take_fast(cache, index)) continue;
     detail::magazine* target = options_.reuse_after_gp ? cache.freed : cache.loaded;
-    if (target == nullptr || target->full()) {
+    if (target == nullptr || !target->can_push()) {
       deallocate_slow(cache, object);
       return;
     }
-    target->objects()[target->count++] = object;
-    detail::bump(cache.deallocated);
-    if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
-    release_hold(cache);
+    target->push(object);
+    end_fast_hold(cache);
     return;
   }
   // Every cache is held: the object goes back to its chunk after a grace period.
@@ -1483,8 +1597,7 @@ void object_pool::allocate_bulk(void** objects, std::size_t count) {
     while (done < count) {
       const unsigned home = detail::current_cpu() & cache_mask_;
       detail::pool_cache& cache = caches_[home];
-      // Acquire (A1): pairs with (A2).
-      if (cache.held.exchange(true, std::memory_order_acquire)) {
+      if (!take_fast(cache, home)) {
         objects[done++] = allocate_contended_slow(home);
         continue;
       }
@@ -1496,12 +1609,11 @@ void object_pool::allocate_bulk(void** objects, std::size_t count) {
       // One hold serves as many objects as the loaded magazine has.
       const std::size_t take = std::min<std::size_t>(count - done, loaded->count);
       for (std::size_t i = 0; i < take; ++i) {
-        void* object = loaded->objects()[--loaded->count];
+        void* object = loaded->pop();
         detail::asan_unpoison(object, object_size_);
         objects[done++] = object;
       }
-      detail::bump(cache.allocated, take);
-      release_hold(cache);
+      end_fast_hold(cache);
     }
   } catch (...) {
     // Nobody has seen them, and they hold nothing (P7: never destroyed).
@@ -1517,29 +1629,28 @@ void object_pool::deallocate_bulk(void* const* objects, std::size_t count) noexc
       ++done;
       continue;
     }
+    // Poisoned before it is anybody else's to take (as in deallocate()).
+    if (!options_.reuse_after_gp) detail::asan_poison(objects[done], object_size_);
     const unsigned home = detail::current_cpu() & cache_mask_;
     detail::pool_cache& cache = caches_[home];
-    // Acquire (A1): pairs with (A2).
-    if (cache.held.exchange(true, std::memory_order_acquire)) {
+    if (!take_fast(cache, home)) {
       deallocate_contended_slow(home, objects[done++]);
       continue;
     }
     detail::magazine* target = options_.reuse_after_gp ? cache.freed : cache.loaded;
-    if (target == nullptr || target->full()) {
+    if (target == nullptr || !target->can_push()) {
       deallocate_slow(cache, objects[done++]);
       continue;
     }
     // One hold fills the magazine as far as it has room.
-    std::uint64_t added = 0;
-    while (done < count && !target->full()) {
+    target->push(objects[done++]);
+    while (done < count && target->can_push()) {
       void* object = objects[done++];
       if (object == nullptr) continue;
       if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
-      target->objects()[target->count++] = object;
-      ++added;
+      target->push(object);
     }
-    detail::bump(cache.deallocated, added);
-    release_hold(cache);
+    end_fast_hold(cache);
   }
 }
 
@@ -1559,9 +1670,8 @@ void object_pool::destroy_deallocated() {
   // Holders wait for nothing (P3): wait for them. In a fork() child, a cache of a pool built
   // during the fork may stay held by a thread the child does not have: after a while, it is
   // skipped (what it holds is lost to the child).
-  auto hold = [&core](detail::pool_cache& cache) {
-    // Acquire (A1): pairs with (A2).
-    for (unsigned tries = 0; cache.held.exchange(true, std::memory_order_acquire); ++tries) {
+  auto hold = [this, &core](detail::pool_cache& cache) {
+    for (unsigned tries = 0; !take_cache(cache, index_of(cache)); ++tries) {
       if (core.fork_skip && tries == detail::kForkSkippedHoldTries) return false;
       std::this_thread::yield();
     }
@@ -1623,6 +1733,20 @@ void object_pool::forget_allocated() noexcept {
 }
 
 pool_stats object_pool::stats() const noexcept {
+  // Fast paths count nothing (P8): settle every cache, so that the counts are exact when no
+  // operation is in flight. A held cache is given a few yields: its holder may be the pool's
+  // own (the idle trim), which settles it but may not have yet. Holders wait for nothing
+  // (P3), so a hold lasts a few yields unless its thread is preempted (or, in a fork()
+  // child, gone), and then the snapshot leaves that cache's latest fast paths out.
+  for (unsigned i = 0; i <= cache_mask_; ++i) {
+    for (unsigned tries = 0; tries < detail::kStatsHoldTries; ++tries) {
+      if (take_cache(caches_[i], i)) {
+        release_hold(caches_[i]);
+        break;
+      }
+      std::this_thread::yield();
+    }
+  }
   const detail::pool_core& core = *core_;
   pool_stats s;
   // Relaxed throughout: an approximate snapshot.

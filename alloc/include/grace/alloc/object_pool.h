@@ -38,6 +38,7 @@
 
 #include "grace/alloc/detail/asan.h"
 #include "grace/alloc/detail/magazine.h"
+#include "grace/alloc/detail/rseq_fast_path.h"
 #include "grace/reclaim/detail/cpu.h"
 #include "grace/reclaim/domain.h"
 
@@ -92,6 +93,12 @@ struct pool_options {
   // ~object_pool()); it must not wait for a grace period, fork, call destroy_deallocated(),
   // nor take a lock that a thread calling this pool may hold. Requires reuse_after_gp.
   void (*destroy)(void* object) noexcept = nullptr;
+  // allocate() and deallocate() pop and push in a restartable sequence (rseq) on the CPU's
+  // cache where the machine allows it (x86-64 Linux with glibc's rseq area and membarrier's
+  // RSEQ fence; not under ThreadSanitizer, which cannot see it): no atomic instruction on
+  // the fast path. false, or where unavailable, they take the cache's flag by an exchange.
+  // object_pool::uses_restartable_sequences() tells which (alloc/README.md, "Fast paths").
+  bool restartable_sequences = true;
 };
 
 // Approximate snapshot; fields are not mutually consistent. Never reset.
@@ -158,9 +165,12 @@ class object_pool {
   std::size_t object_size() const noexcept { return object_size_; }
   domain& reclamation_domain() const noexcept { return domain_; }
   const pool_options& options() const noexcept { return options_; }
+  // Whether allocate() and deallocate() run their rseq fast path (pool_options).
+  bool uses_restartable_sequences() const noexcept { return restartable_sequences_; }
 
  private:
   friend struct detail::pool_core;
+  friend struct object_pool_test_access;
 
   // The holder's slow paths: called with `cache` held; they release it.
   [[gnu::cold, gnu::noinline]] void* allocate_slow(detail::pool_cache& cache);
@@ -172,54 +182,95 @@ class object_pool {
   [[gnu::cold, gnu::noinline]] void* allocate_contended_slow(unsigned home);
   [[gnu::cold, gnu::noinline]] void deallocate_contended_slow(unsigned home,
                                                               void* object) noexcept;
-  void release_hold(detail::pool_cache& cache) noexcept {
+  // Takes `cache` (index `home`) if nobody holds it. A fast-path hold: only pops from
+  // `loaded` and pushes onto its target, leaving the counting to the next settle (P8).
+  bool take_fast(detail::pool_cache& cache, unsigned home) const noexcept {
+    // Acquire (A1): take the cache with its previous holder's changes; pairs with (A2).
+    if (cache.held.exchange(true, std::memory_order_acquire)) return false;
+    // (A8): no restartable sequence on this cache is still between its check and its commit.
+    if (restartable_sequences_ && !detail::running_on(home)) fence_fast_paths_slow(home);
+    return true;
+  }
+  // Ends a fast-path hold.
+  static void end_fast_hold(detail::pool_cache& cache) noexcept {
     // Release (A2): the next holder sees this holder's changes; pairs with (A1).
     cache.held.store(false, std::memory_order_release);
   }
+  // A slow path's hold, from take_fast() or take_cache(): counts what fast paths did since
+  // the last one, and is ended by release_hold() (P8).
+  static void settle(detail::pool_cache& cache) noexcept;
+  bool take_cache(detail::pool_cache& cache, unsigned home) const noexcept {
+    if (!take_fast(cache, home)) return false;
+    settle(cache);
+    return true;
+  }
+  static void release_hold(detail::pool_cache& cache) noexcept {
+    cache.loaded_mark = cache.loaded != nullptr ? cache.loaded->count : 0;  // (P8)
+    end_fast_hold(cache);
+  }
+  // Where deallocate() pushes (P1)/(P2): the offset of `freed`, or of `loaded`.
+  std::size_t target_offset() const noexcept {
+    return options_.reuse_after_gp ? offsetof(detail::pool_cache, freed)
+                                   : offsetof(detail::pool_cache, loaded);
+  }
+  unsigned index_of(const detail::pool_cache& cache) const noexcept {
+    return static_cast<unsigned>(&cache - caches_.get());
+  }
+  // Waits until no restartable sequence on CPU `cpu` is between its check of `held` and its
+  // commit (membarrier's RSEQ fence): the caller holds that CPU's cache from another CPU.
+  [[gnu::cold, gnu::noinline]] static void fence_fast_paths_slow(unsigned cpu) noexcept;
+  // The same for every CPU at once: the caller holds every cache (fork()).
+  [[gnu::cold, gnu::noinline]] static void fence_all_fast_paths_slow() noexcept;
 
   std::size_t object_size_;
   pool_options options_;
   domain& domain_;
   std::unique_ptr<detail::pool_cache[]> caches_;
   unsigned cache_mask_;
+  bool restartable_sequences_;  // (A8): set once, before the pool is shared
   std::unique_ptr<detail::pool_core> core_;
 };
 
 inline void* object_pool::allocate() {
+  if (restartable_sequences_) {
+    if (void* object = detail::rseq_pop(caches_.get(), cache_mask_ + 1)) [[likely]] {
+      detail::asan_unpoison(object, object_size_);
+      return object;
+    }
+  }
   const unsigned home = detail::current_cpu() & cache_mask_;
   detail::pool_cache& cache = caches_[home];
-  // Acquire (A1): take the cache with its previous holder's changes; pairs with (A2).
-  if (cache.held.exchange(true, std::memory_order_acquire)) [[unlikely]] {
-    return allocate_contended_slow(home);
-  }
+  if (!take_fast(cache, home)) [[unlikely]] return allocate_contended_slow(home);
   detail::magazine* loaded = cache.loaded;
   if (loaded == nullptr || loaded->empty()) [[unlikely]] return allocate_slow(cache);
-  void* object = loaded->objects()[--loaded->count];
-  detail::bump(cache.allocated);
-  release_hold(cache);
+  void* object = loaded->pop();
+  end_fast_hold(cache);
   detail::asan_unpoison(object, object_size_);
   return object;
 }
 
 inline void object_pool::deallocate(void* object) noexcept {
   if (object == nullptr) return;
+  // (P1)/(P2): with reuse_after_gp the object waits in `freed`; without, it is ready at once
+  // (and poisoned before it is anybody else's to take).
+  if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
+  if (restartable_sequences_ &&
+      detail::rseq_push(caches_.get(), cache_mask_ + 1, target_offset(), object)) [[likely]] {
+    return;
+  }
   const unsigned home = detail::current_cpu() & cache_mask_;
   detail::pool_cache& cache = caches_[home];
-  // Acquire (A1): as in allocate().
-  if (cache.held.exchange(true, std::memory_order_acquire)) [[unlikely]] {
+  if (!take_fast(cache, home)) [[unlikely]] {
     deallocate_contended_slow(home, object);
     return;
   }
-  // (P1)/(P2): with reuse_after_gp the object waits in `freed`; without, it is ready at once.
   detail::magazine* target = options_.reuse_after_gp ? cache.freed : cache.loaded;
-  if (target == nullptr || target->full()) [[unlikely]] {
+  if (target == nullptr || !target->can_push()) [[unlikely]] {
     deallocate_slow(cache, object);
     return;
   }
-  target->objects()[target->count++] = object;
-  detail::bump(cache.deallocated);
-  if (!options_.reuse_after_gp) detail::asan_poison(object, object_size_);
-  release_hold(cache);
+  target->push(object);
+  end_fast_hold(cache);
 }
 
 // A typed face over object_pool: create() constructs, destroy() destroys and deallocates.

@@ -26,9 +26,11 @@
 //        from a chunk): a full grace period has passed since its deallocate(). Only such
 //        objects are handed out by allocate() (with reuse_after_gp; the `immediate` reference
 //        mode skips the wait and is unsafe for readers).
-//   (P3) A cache's lists are touched only by the thread holding it (held == true). A holder
-//        waits for nothing but the pool's system_allocator while it holds: no lock, fork
-//        gate, retire(), grace period, pool construction or destruction, or
+//   (P3) A cache's lists are touched only by the thread holding it (held == true), and by a
+//        restartable sequence on its CPU (P9). A holder waits for nothing but the pool's
+//        system_allocator and, holding another CPU's cache, membarrier()'s fence (A8), which
+//        waits for an IPI to that CPU and may wait for CPU hotplug: no lock of grace's or
+//        the user's, fork gate, retire(), grace period, pool construction or destruction, or
 //        pool_options::destroy (fork() relies on it: it holds every cache itself, waiting
 //        for the holders; object_pool.cc).
 //   (P4) A magazine in a depot slot is owned by the slot; it moves out by one exchange.
@@ -66,6 +68,21 @@
 //        has been destroyed (release_objects() destroys a constructed magazine's objects
 //        first). A fork() child loses the takes its parent's other threads had in hand, and
 //        frees their slots.
+//   (P8) Fast paths (allocate() and deallocate(), in a restartable sequence or holding the
+//        cache) only pop from `loaded` and push onto `freed` (or `loaded`, without
+//        reuse_after_gp), bumping the magazine's `pushed`; they count nothing. Everything
+//        else a slow path does under a hold that began with settle() and ends with
+//        release_hold(): settle() adds the pops (loaded_mark + loaded->pushed -
+//        loaded->count) and the pushes (`pushed` of loaded and freed) to the cache's
+//        counters and zeroes `pushed`; release_hold() sets loaded_mark to loaded->count. So
+//        `pushed` is 0 on every magazine but a cache's loaded and freed, and stats(), which
+//        settles every cache it can hold, is exact when no operation is in flight.
+//   (P9) A restartable sequence (detail/rseq_fast_path.h) works on the cache of the CPU it
+//        runs on, and only if that CPU's number is below the number of caches; it checks
+//        `held` and commits its pop or push with one store. The kernel restarts it (at its
+//        abort label, which falls back to the held paths) if it is preempted, migrated or
+//        signalled before the commit. So on each CPU's cache at most one sequence runs at a
+//        time, and it never overlaps a hold (A8).
 //
 // Ordering guarantees:
 //   (A1) Acquire exchange(true) on cache.held takes the cache with every change its previous
@@ -87,10 +104,21 @@
 //        whose Acquire check of the free slot carries on the destroy calls of the take it
 //        replaces; destroy_deallocated()'s Acquire loads see the destroy calls of every take
 //        whose end, or a later claim of its slot, they read.
+//   (A8) A thread that takes cache i by exchange (A1) while a restartable sequence may run
+//        on CPU i makes sure none is between its check of `held` and its commit before it
+//        touches the cache: if it runs on CPU i itself after the exchange, any sequence
+//        there was preempted by it (restarted, or committed before the switch, whose
+//        barriers order the commit before the holder's reads); from any other CPU it calls
+//        membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) on CPU i, which restarts a
+//        sequence running there and orders a committed one before the holder's reads. A
+//        sequence that starts after that sees `held` set (x86-64's ordered stores and
+//        loads; the sequence reads `held` before the fields it then reads). A hold's
+//        release store (A2) is seen by later sequences with the holder's changes, in order.
 //
 // Progress guarantees: allocate() and deallocate() never wait for another thread. A thread
-// that finds its CPU's cache held tries the other caches once each, then takes the lock-free
-// fallback (a chunk's free slots or a new chunk, or retire() for a free). The chunk lock is
+// that finds its CPU's cache held yields once (with restartable sequences, then tries its
+// CPU's cache again, which needs no fence), tries the other caches once each, then takes the
+// lock-free fallback (a chunk's free slots or a new chunk, or retire() for a free). The chunk lock is
 // only ever tried: a refill that finds it held cuts a new chunk, a release defers (P6). The
 // slow paths may call the system allocator and, on the caller-driven grace-period path,
 // synchronize() outside any read section.
@@ -105,7 +133,9 @@ namespace grace::detail {
 struct magazine {
   magazine* next = nullptr;     // link in a cache's waiting / ready / empty list
   std::uint64_t gp_cookie = 0;  // (P1) taken when the magazine was sealed
+  // count and pushed form one 64-bit word, which a restartable push commits in one store.
   std::uint32_t count = 0;
+  std::uint32_t pushed = 0;     // (P8) fast-path pushes since the last settle
   std::uint32_t capacity;
   bool constructed = false;     // (P7) its objects still wait for pool_options::destroy
 
@@ -114,6 +144,15 @@ struct magazine {
   void** objects() noexcept { return reinterpret_cast<void**>(this + 1); }
   bool full() const noexcept { return count == capacity; }
   bool empty() const noexcept { return count == 0; }
+
+  // A fast path's pop and push (P8: counted at the next settle, not here).
+  void* pop() noexcept { return objects()[--count]; }
+  bool can_push() const noexcept { return !full() && pushed != kMaxPushed; }
+  void push(void* object) noexcept {
+    objects()[count++] = object;
+    ++pushed;
+  }
+  static constexpr std::uint32_t kMaxPushed = 0xffffffff;
 
   static constexpr std::size_t bytes_for(std::uint32_t capacity) noexcept {
     return sizeof(magazine) + capacity * sizeof(void*);
@@ -163,8 +202,9 @@ struct alignas(64) pool_cache {
   // (P3): the plain fields below belong to the holder.
   magazine* loaded = nullptr;  // ready objects; allocate() pops from here
   magazine* freed = nullptr;   // deallocated objects, not yet sealed
-  // Counters written by the holder (relaxed load + store, no RMW: holds are ordered by
-  // (A1)/(A2)), summed by stats(). Relaxed: approximate by design.
+  std::uint32_t loaded_mark = 0;  // (P8) loaded->count at the end of the last slow hold
+  // Counters written by slow-path holders (relaxed load + store, no RMW: holds are ordered
+  // by (A1)/(A2)), summed by stats(). Relaxed: approximate by design.
   std::atomic<std::uint64_t> allocated{0};
   std::atomic<std::uint64_t> deallocated{0};
 

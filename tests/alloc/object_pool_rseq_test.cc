@@ -1,0 +1,195 @@
+// Tests of grace::object_pool's restartable-sequence fast paths (pool_options::
+// restartable_sequences; invariants (P8), (P9) and (A8) in grace/alloc/detail/magazine.h):
+// whether a pool uses them; that a hold taken from another CPU stops that CPU's sequences
+// for as long as it lasts (the fence); and that objects, the grace-period guarantee and the
+// counts stay right while more threads than CPUs run them (so that the kernel restarts
+// sequences) and another thread takes every cache from outside (stats()).
+//
+// Conventions: as in object_pool_test.cc. Internals (the two kinds of hold) are reached
+// through grace::object_pool_test_access.
+#include <gtest/gtest.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/rseq.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "grace/alloc/object_pool.h"
+#include "grace/reclaim/domain.h"
+#include "tests/alloc/object_pool_testing.h"
+#include "tests/testing/testing.h"
+
+namespace grace {
+
+// A hold of a cache as every holder starts it (take_fast(); a slow path's take_cache() adds
+// the settling of counts to it), and what a sequence commits.
+struct object_pool_test_access {
+  static bool hold(object_pool& pool, unsigned cache) {
+    return pool.take_fast(pool.caches_[cache], cache);
+  }
+  static void release(object_pool& pool, unsigned cache) {
+    pool.end_fast_hold(pool.caches_[cache]);
+  }
+  // The words a sequence on this cache commits to (its magazines' count and pushed), and
+  // the magazines themselves; read by the cache's holder.
+  static std::array<std::uint64_t, 4> committed(object_pool& pool, unsigned cache) {
+    const detail::pool_cache& c = pool.caches_[cache];
+    auto words = [](detail::magazine* m) -> std::uint64_t {
+      if (m == nullptr) return 0;
+      // Relaxed: a change here is what the test looks for (a sequence racing the hold).
+      return std::uint64_t{std::atomic_ref<std::uint32_t>(m->count).load(
+                 std::memory_order_relaxed)} |
+             std::uint64_t{std::atomic_ref<std::uint32_t>(m->pushed).load(
+                 std::memory_order_relaxed)}
+                 << 32;
+    };
+    return {reinterpret_cast<std::uintptr_t>(c.loaded), words(c.loaded),
+            reinterpret_cast<std::uintptr_t>(c.freed), words(c.freed)};
+  }
+};
+
+}  // namespace grace
+
+namespace {
+
+namespace ga = grace::testing::alloc;
+namespace gt = grace::testing;
+
+// What the pool should decide, asked of the machine directly.
+bool machine_offers_restartable_sequences() {
+  if (!GRACE_POOL_RSEQ || __rseq_size == 0) return false;
+  const long commands = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  return commands > 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) != 0 &&
+         syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
+}
+
+TEST(ObjectPoolRseq, APoolUsesRestartableSequencesExactlyWhereTheMachineOffersThem) {
+  grace::domain d(ga::quiet());
+  grace::object_pool pool(64, {}, d);
+  EXPECT_EQ(pool.uses_restartable_sequences(), machine_offers_restartable_sequences());
+  grace::pool_options off;
+  off.restartable_sequences = false;
+  grace::object_pool without(64, off, d);
+  EXPECT_FALSE(without.uses_restartable_sequences());
+}
+
+void pin_to(unsigned cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+}
+
+// The CPUs this process may run on.
+std::vector<unsigned> allowed_cpus() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  EXPECT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<unsigned> cpus;
+  for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// A thread pinned to one CPU allocates and deallocates without pause (without
+// reuse_after_gp, so that every operation is a sequence on that CPU's cache), while this
+// thread, pinned to another CPU, holds that cache again and again, each time reading the
+// words a sequence commits, spinning, and reading them again. A sequence that got past its
+// check of `held` before the hold and committed during it would change them; the fence
+// (A8) restarts it instead.
+// With the fence removed, every run of three failed.
+TEST(ObjectPoolRseq, NoFastPathOnTheCachesCpuCommitsWhileAnotherCpuHoldsIt) {
+  const std::vector<unsigned> cpus = allowed_cpus();
+  ASSERT_FALSE(cpus.empty());
+  const unsigned victim = cpus.front();
+  const unsigned holder = cpus.back();  // the same CPU where there is one: a weaker check
+  grace::domain d(ga::quiet());
+  grace::pool_options options;
+  options.reuse_after_gp = false;
+  grace::object_pool pool(64, options, d);
+  std::atomic<bool> started{false};
+  std::atomic<bool> stop{false};
+  std::uint64_t churned = 0;
+  std::thread churner([&] {
+    pin_to(victim);
+    started.store(true, std::memory_order_relaxed);
+    while (!stop.load(std::memory_order_relaxed)) {
+      void* a = pool.allocate();
+      void* b = pool.allocate();
+      pool.deallocate(b);
+      pool.deallocate(a);
+      churned += 4;
+    }
+  });
+  pin_to(holder);
+  while (!started.load(std::memory_order_relaxed)) std::this_thread::yield();
+  using access = grace::object_pool_test_access;
+  const unsigned cache = victim & (grace::detail::cpu_shard_count() - 1);
+  // Holds, not attempts, are what can catch a sequence: a hold fails while the churner's
+  // own fallback holds the cache.
+  const std::size_t holds = gt::iterations(10'000);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::size_t taken = 0;
+  std::size_t changed = 0;
+  while (taken < holds && std::chrono::steady_clock::now() < deadline) {
+    if (!access::hold(pool, cache)) continue;
+    ++taken;
+    const auto before = access::committed(pool, cache);
+    for (int spin = 0; spin < 2000; ++spin) __builtin_ia32_pause();
+    if (access::committed(pool, cache) != before) ++changed;
+    access::release(pool, cache);
+    for (int spin = 0; spin < 2000; ++spin) __builtin_ia32_pause();
+  }
+  stop.store(true, std::memory_order_relaxed);
+  churner.join();
+  EXPECT_EQ(taken, holds) << "the churner kept the cache for a minute";
+  EXPECT_GT(churned, 0u);
+  EXPECT_EQ(changed, 0u) << "of " << taken << " holds of CPU " << victim << "'s cache from CPU "
+                         << holder << ", while its thread ran " << churned << " operations";
+}
+
+// Threads that churn the pool (checked by the reuse oracle) while one more thread calls
+// stats() in a loop: each call takes every cache nobody holds, from whatever CPU it runs on.
+class ObjectPoolRseqChurn : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ObjectPoolRseqChurn, ObjectsAndCountsStayExactWhileAnotherThreadTakesEveryCache) {
+  grace::domain d(ga::quiet());
+  grace::pool_options options = ga::small_magazines();
+  options.restartable_sequences = GetParam();
+  grace::object_pool pool(64, options, d);
+  ga::reuse_oracle oracle(d);
+  std::atomic<bool> stop{false};
+  std::uint64_t looks = 0;
+  std::thread outsider([&] {
+    // Paced: each look may cost an IPI per CPU, which would otherwise be all the test does.
+    for (; !stop.load(std::memory_order_relaxed); ++looks) {
+      (void)pool.stats();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  const ga::churn_totals totals =
+      ga::churn(pool, oracle,
+                {.threads = 4, .operations = gt::iterations(600'000),
+                 .guards = ga::guards::odd_threads});
+  stop.store(true, std::memory_order_relaxed);
+  outsider.join();
+  EXPECT_GT(looks, 0u);
+  EXPECT_TRUE(ga::churn_accounted(pool, oracle, totals));
+}
+
+INSTANTIATE_TEST_SUITE_P(BothFastPaths, ObjectPoolRseqChurn, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? "restartable" : "held";
+                         });
+
+}  // namespace
