@@ -2,6 +2,9 @@
 //
 // Modes, run one after another in one process so their ratios are comparable:
 //   after-gp       grace::object_pool (reuse only after a grace period)
+//   after-gp-held  the same pool with pool_options::restartable_sequences = false: its fast
+//                  paths take the cache's flag by an exchange (what rseq saves; where the
+//                  machine has no rseq, the two modes run the same code)
 //   immediate      the same pool with reuse_after_gp = false: UNSAFE for readers; the speed
 //                  and memory reference
 //   malloc-retire  malloc + grace::domain::retire(free)
@@ -60,13 +63,15 @@ constexpr std::chrono::milliseconds kAverageSamplePeriod{100};
 constexpr std::chrono::milliseconds kSettleLimit{5000};
 constexpr std::uint64_t kChunkBytes = std::uint64_t{64} << 10;  // object_pool's chunk size
 
-enum class mode { after_gp, immediate, malloc_retire, call_rcu };
+enum class mode { after_gp, after_gp_held, immediate, malloc_retire, call_rcu };
 enum class workload { pairs, producer_consumer, burst };
 
 const char* mode_name(mode m) {
   switch (m) {
     case mode::after_gp:
       return "after-gp";
+    case mode::after_gp_held:
+      return "after-gp-held";
     case mode::immediate:
       return "immediate";
     case mode::malloc_retire:
@@ -110,9 +115,10 @@ class allocator_under_test {
  public:
   allocator_under_test(mode m, std::size_t object_size, domain& reclamation)
       : mode_(m), object_size_(object_size), domain_(reclamation) {
-    if (m == mode::after_gp || m == mode::immediate) {
+    if (m == mode::after_gp || m == mode::after_gp_held || m == mode::immediate) {
       pool_options options;
-      options.reuse_after_gp = m == mode::after_gp;
+      options.reuse_after_gp = m != mode::immediate;
+      options.restartable_sequences = m != mode::after_gp_held;
       pool_.emplace(object_size, options, reclamation);
     }
   }
@@ -120,6 +126,7 @@ class allocator_under_test {
   void* allocate() {
     switch (mode_) {
       case mode::after_gp:
+      case mode::after_gp_held:
       case mode::immediate:
         return pool_->allocate();
       case mode::malloc_retire:
@@ -134,6 +141,7 @@ class allocator_under_test {
   void deallocate(void* object) noexcept {
     switch (mode_) {
       case mode::after_gp:
+      case mode::after_gp_held:
       case mode::immediate:
         pool_->deallocate(object);
         return;
@@ -181,6 +189,7 @@ class allocator_under_test {
   bool settled() const {
     switch (mode_) {
       case mode::after_gp:
+      case mode::after_gp_held:
       case mode::immediate: {
         // The caches' high watermarks in whole chunks, plus the chunk each cache cuts from.
         const pool_stats s = pool_->stats();
@@ -493,9 +502,11 @@ void describe(options_spec& spec) {
   spec.add_number("seconds", kDefaultSeconds, "duration of pairs and producer-consumer", 0.1,
                   3600);
   spec.add_count("burst", kDefaultBurst, "live objects in the burst workload (all threads)", 1);
-  spec.add_choice_list("mode", "all", {"after-gp", "immediate", "malloc-retire", "call_rcu", "all"},
-                       "allocators to compare, in order; all = after-gp,immediate,malloc-retire,"
-                       "call_rcu");
+  spec.add_choice_list("mode", "all",
+                       {"after-gp", "after-gp-held", "immediate", "malloc-retire", "call_rcu",
+                        "all"},
+                       "allocators to compare, in order; all = after-gp,after-gp-held,immediate,"
+                       "malloc-retire,call_rcu");
   spec.add_choice_list("workload", "all", {"pairs", "producer-consumer", "burst", "all"},
                        "workloads; all = pairs,producer-consumer,burst");
   spec.add_flag("affinity",
@@ -518,6 +529,7 @@ int run(const parsed_options& options, reporter& out) {
   std::vector<mode> modes;
   for (const std::string& name : options.choice_list("mode")) {
     if (name == "after-gp" || name == "all") modes.push_back(mode::after_gp);
+    if (name == "after-gp-held" || name == "all") modes.push_back(mode::after_gp_held);
     if (name == "immediate" || name == "all") modes.push_back(mode::immediate);
     if (name == "malloc-retire" || name == "all") modes.push_back(mode::malloc_retire);
     if (name == "call_rcu" || name == "all") modes.push_back(mode::call_rcu);

@@ -105,6 +105,11 @@ inline grace::domain& grace_bench_domain() {
 inline grace::element_destruction grace_destruction =
     grace::element_destruction::on_reclaim_worker;
 
+// Whether grace's element pools run their fast paths as restartable sequences
+// (--grace-fast-path; pool_options::restartable_sequences). Set by the tool before any map is
+// built.
+inline bool grace_restartable_sequences = true;
+
 template <class Value>
 class grace_map_of {
  public:
@@ -123,8 +128,10 @@ class grace_map_of {
   };
 
   explicit grace_map_of(std::size_t capacity_hint)
-      : map_(grace::hash_map_options{.reclamation = &grace_bench_domain(),
-                                     .destruction = grace_destruction}) {
+      : map_(grace::hash_map_options{
+            .reclamation = &grace_bench_domain(),
+            .pool = {.restartable_sequences = grace_restartable_sequences},
+            .destruction = grace_destruction}) {
     map_.reserve(capacity_hint);
   }
 

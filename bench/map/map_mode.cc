@@ -55,6 +55,10 @@
 //   destruction      grace: where erased and replaced elements with a destructor are
 //                    destroyed (--grace-destruction: on_reclaim_worker, by_updaters); na for
 //                    the others
+//   fast_path        grace: how its element pool's allocate() and deallocate() take their
+//                    CPU's cache (--grace-fast-path: rseq, a restartable sequence where the
+//                    machine offers one, or held, an exchange on the cache's flag); na for
+//                    the others
 //   value            fixed64: 64-byte trivially copyable values (value64, the default);
 //                    string: the same 64 bytes in a std::string (--value string), so every
 //                    stored value owns heap memory, and grace's elements then have a
@@ -177,6 +181,7 @@ struct config {
   int grace_worker_nice = 0;   // grace's reclaim worker (--grace-worker-nice)
   // grace's element destruction (--grace-destruction)
   grace::element_destruction grace_destruction = grace::element_destruction::on_reclaim_worker;
+  bool grace_restartable_sequences = true;  // grace's pool fast paths (--grace-fast-path)
 };
 
 const char* value_name(bool string_values) { return string_values ? "string" : "fixed64"; }
@@ -768,9 +773,21 @@ const char* destruction_of(const config& cfg) {
   return std::string(Map::kName) == "grace" ? destruction_name(cfg.grace_destruction) : "na";
 }
 
+const char* fast_path_name(bool restartable_sequences) {
+  return restartable_sequences ? "rseq" : "held";
+}
+
+// What a result line's fast_path= says: how grace's pool takes a cache; na for the others.
+template <class Map>
+const char* fast_path_of(const config& cfg) {
+  return std::string(Map::kName) == "grace" ? fast_path_name(cfg.grace_restartable_sequences)
+                                            : "na";
+}
+
 result timed_result(const char* map, const char* value, use_case uc, unsigned threads,
                     const case_result& c, const char* read_sections,
-                    const std::string& worker_nice, const char* destruction) {
+                    const std::string& worker_nice, const char* destruction,
+                    const char* fast_path) {
   const timed_stats& s = c.stats;
   result r;
   r.add("bench", "map").add("map", map).add("value", value).add("use_case", use_case_name(uc));
@@ -787,6 +804,7 @@ result timed_result(const char* map, const char* value, use_case uc, unsigned th
   r.add("read_sections", read_sections);
   r.add("worker_nice", worker_nice);
   r.add("destruction", destruction);
+  r.add("fast_path", fast_path);
   return r;
 }
 
@@ -818,7 +836,8 @@ void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
   // Lookups and mixed operations are single operations: one read section each.
   st.sink.emit(timed_result(Map::kName, value_name_of<Map>(), uc, st.cfg.producers, c,
                             read_sections_of<Map>(!keyed && st.cfg.batch_read_sections),
-                            worker_nice_of<Map>(st.cfg), destruction_of<Map>(st.cfg)));
+                            worker_nice_of<Map>(st.cfg), destruction_of<Map>(st.cfg),
+                            fast_path_of<Map>(st.cfg)));
 }
 
 template <class Map>
@@ -1041,7 +1060,9 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
                                    "--grace-worker-nice",
                                    std::to_string(cfg.grace_worker_nice),
                                    "--grace-destruction",
-                                   destruction_name(cfg.grace_destruction)};
+                                   destruction_name(cfg.grace_destruction),
+                                   "--grace-fast-path",
+                                   fast_path_name(cfg.grace_restartable_sequences)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -1118,6 +1139,10 @@ void describe(options_spec& spec) {
                   "where grace destroys erased and replaced elements that have a destructor "
                   "(hash_map_options::destruction): retired to the domain's reclaim worker, or "
                   "pooled and destroyed by the updating threads after the grace period");
+  spec.add_choice("grace-fast-path", "rseq", {"rseq", "held"},
+                  "how grace's element pool takes its CPU's cache in allocate() and "
+                  "deallocate() (pool_options::restartable_sequences): a restartable sequence "
+                  "where the machine offers one, or an exchange on the cache's flag");
   spec.add_count("grace-worker-nice", 0,
                  "grace's reclaim worker's nice value: 0 uses the global domain, above 0 a "
                  "domain of the process's own (domain_options::worker_nice)",
@@ -1155,6 +1180,8 @@ int run(const parsed_options& options, reporter& out) {
                               ? grace::element_destruction::by_updaters
                               : grace::element_destruction::on_reclaim_worker;
   grace_destruction = cfg.grace_destruction;
+  cfg.grace_restartable_sequences = options.choice("grace-fast-path") == "rseq";
+  grace_restartable_sequences = cfg.grace_restartable_sequences;
   cfg.footprint_keys = options.count("footprint-keys");
   cfg.destroy_elements = options.count("destroy-elements");
   if (options.given("keys")) {
