@@ -49,6 +49,8 @@ inline constexpr unsigned kDepotSlotsPerCache = 16;
 inline constexpr std::uint32_t kConsumerMagazines = 4;
 // The idle trim runs at most this often (and after a grace period).
 inline constexpr std::chrono::milliseconds kTrimInterval{20};
+// Trim passes in a row that find a cache idle before it gives back every ready object.
+inline constexpr std::uint32_t kIdlePassesBeforeEmptying = 2;
 inline constexpr unsigned kEmptyMagazinesPerCache = 2;
 // destroy_deallocated() in a fork() child: yields before it skips a cache of a pool built
 // during the fork that stays held (pool_core::fork_skip).
@@ -911,6 +913,18 @@ struct pool_core {
     }
   }
 
+  // The idle trim's second look at a cache still idle: every ready object goes to the depot
+  // (one in use, where an allocating CPU finds it) or back to its chunk. The (low + high) / 2
+  // objects the first look kept, freed in another order than they were cut, can each keep a
+  // chunk of their own from going back to the system.
+  void empty_ready(pool_cache& cache, bool depot_idle) noexcept {
+    shed_ready(cache, depot_idle ? std::numeric_limits<std::uint64_t>::max() : 0, 0);
+    if (magazine* loaded = cache.loaded; loaded != nullptr && !loaded->empty()) {
+      release_objects(loaded);
+      loaded->count = 0;
+    }
+  }
+
   // A cache that filled kConsumerMagazines magazines in a row without allocating only frees
   // (the consumer of a producer-consumer pair): it passes what it does not need to the
   // depot, where the allocating CPU finds it instead of cutting fresh chunks. One that
@@ -1043,10 +1057,16 @@ struct pool_core {
       if (cache.freed != nullptr && !cache.freed->empty() && (idle || cache.freed->constructed)) {
         core->seal(cache);
       }
-      if (idle) {
+      cache.idle_trim_passes =
+          idle ? std::min(cache.idle_trim_passes + 1, kIdlePassesBeforeEmptying) : 0;
+      if (cache.idle_trim_passes == kIdlePassesBeforeEmptying) {
+        core->empty_ready(cache, depot_idle);
+      } else if (idle) {
         core->shed_ready(cache,
                          depot_idle ? std::numeric_limits<std::uint64_t>::max() : trimmed,
                          trimmed);
+        // Look again: still idle then, the cache empties.
+        again = again || ready_objects(cache) != 0;
       }
       cache.allocated_at_last_trim = allocated;
       again = again || core->needs_trim(cache);

@@ -887,6 +887,41 @@ TEST_P(ObjectPoolWatermarks, GiveMemoryBackAfterABurstWithoutFurtherCalls) {
   pool.deallocate_bulk(again.data(), again.size());
 }
 
+// The objects a cache keeps after a burst are the last it was given back. Freed in another
+// order than they were cut, each may sit in a chunk of its own: then the (low + high) / 2 a
+// first trim pass keeps would hold a hundred chunks for a few KiB. A cache still idle at the
+// next pass gives back every ready object, and only the chunks being cut from stay.
+TEST_P(ObjectPoolWatermarks, AnIdleCacheGivesBackTheChunksItsLastObjectsAreScatteredOver) {
+  ga::pin_to_current_cpu pinned;  // one cache keeps everything it is given back
+  grace::domain d;
+  grace::pool_options options;
+  options.reuse_after_gp = GetParam();
+  grace::object_pool pool(64, options, d);
+  const std::size_t objects = 200'000;  // ~200 chunks
+  std::vector<void*> held(objects);
+  for (void*& p : held) p = pool.allocate();
+  // Every 1024th object first, then the ones after those: the last batch freed holds one
+  // object from each of ~200 chunks.
+  constexpr std::size_t kStride = 1024;
+  for (std::size_t offset = 0; offset < kStride; ++offset) {
+    for (std::size_t i = offset; i < objects; i += kStride) pool.deallocate(held[i]);
+  }
+  grace::pool_stats s;
+  const bool settled = gt::eventually(
+      [&] {
+        s = pool.stats();
+        return s.ready == 0 && s.waiting_for_gp == 0 && s.held_bytes <= caches() * kChunkBytes;
+      },
+      5s);
+  EXPECT_TRUE(settled) << "held_bytes bound " << caches() * kChunkBytes << " (a chunk being "
+                       << "cut per cache); " << describe(s);
+
+  // The pool still works.
+  std::vector<void*> again(1000);
+  pool.allocate_bulk(again.data(), again.size());
+  pool.deallocate_bulk(again.data(), again.size());
+}
+
 // A chunk whose objects were mostly released stays held while a few of its objects live.
 // Its free slots are handed out before a new chunk is cut: else each such chunk stays
 // pinned while the pool cuts new ones, and a long run's memory creeps up to several times

@@ -215,6 +215,7 @@ struct alignas(64) pool_cache {
   std::uint32_t carved = 0;    // objects already cut from `carving`
   chunk* carving = nullptr;    // the chunk fresh objects are cut from
   std::uint64_t allocated_at_last_trim = 0;  // the idle trim's activity mark
+  std::uint32_t idle_trim_passes = 0;  // trim passes in a row that found it idle
   std::uint64_t allocated_at_last_shed = 0;  // deallocate_slow's: does this CPU allocate?
   std::uint32_t magazines_freed_without_allocating = 0;  // ... and for how long it has not
   std::atomic<std::uint64_t> reused{0};
