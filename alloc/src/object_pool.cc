@@ -131,7 +131,7 @@ struct pool_core {
   const std::uint64_t high;
   // Ready objects a cache that allocates may hold: the high watermark plus what one grace
   // period releases at once. Above it the hot paths shed (a cache that only frees sheds above
-  // `high`, to the depot); the idle trim goes down to the watermarks.
+  // `high`, to the depot); the idle trim goes down to the watermarks, then to nothing.
   const std::uint64_t busy_high;
   const std::uint64_t gp_request_threshold;
   const std::uint64_t caller_gp_threshold;
@@ -913,15 +913,16 @@ struct pool_core {
     }
   }
 
-  // The idle trim's second look at a cache still idle: every ready object goes to the depot
-  // (one in use, where an allocating CPU finds it) or back to its chunk. The (low + high) / 2
-  // objects the first look kept, freed in another order than they were cut, can each keep a
-  // chunk of their own from going back to the system.
+  // The idle trim's second look at a cache still idle: its ready magazines go to the depot
+  // (one in use, where an allocating CPU finds them) or back to their chunks, and so do the
+  // loaded magazine's objects. The (low + high) / 2 objects the first look kept are the last
+  // the cache was given, and freed in another order than they were cut, each can keep a
+  // chunk of its own from going back to the system. A cache idle for two passes (40 ms or
+  // more) has nothing warm left to lose: its next allocation refills from the chunks.
   void empty_ready(pool_cache& cache, bool depot_idle) noexcept {
     shed_ready(cache, depot_idle ? std::numeric_limits<std::uint64_t>::max() : 0, 0);
     if (magazine* loaded = cache.loaded; loaded != nullptr && !loaded->empty()) {
-      release_objects(loaded);
-      loaded->count = 0;
+      release_objects(loaded);  // leaves it empty; release_hold() marks it so (P8)
     }
   }
 
@@ -970,7 +971,8 @@ struct pool_core {
   }
 
   // The idle trim: a cache that allocated nothing since the last pass sheds its ready
-  // objects down to the watermarks, and a depot nobody took from is emptied, so memory a
+  // objects down to the watermarks, one still idle at the next pass empties (empty_ready()),
+  // and a depot nobody took from is emptied, so memory a
   // burst needed goes back to the system even when no thread touches the pool again. One
   // pass at a time, run by the domain's worker after a grace period, at most every
   // kTrimInterval; it reschedules itself while anything is left to trim.

@@ -17,7 +17,8 @@
 //
 // Memory: per-CPU caches refill below the low watermark and give surplus above the high one
 // (beyond a grace period's worth, for a cache that allocates) to a shared depot other CPUs
-// draw from, or back to its chunks; an idle cache is trimmed to between the two. Objects
+// draw from, or back to its chunks; an idle cache is trimmed to between the two, and one
+// still idle at the next trim pass gives back the rest. Objects
 // come from 64 KiB chunks: a refill takes the free slots of chunks already held before it
 // cuts a new one, and a chunk returns to the system once all its slots are free.
 // Objects waiting for a grace period are bounded by asking the domain for a grace period
@@ -51,7 +52,8 @@ struct pool_core;
 struct pool_options {
   // Ready objects a CPU cache keeps: below low it refills a batch; above high (plus a grace
   // period's worth for a cache that allocates) it gives the surplus to the depot; idle, it
-  // is trimmed to (low + high) / 2 (alloc/README.md, "Memory"). 0 picks the BPF allocator's
+  // is trimmed to (low + high) / 2, then emptied if still idle (alloc/README.md, "Memory").
+  // 0 picks the BPF allocator's
   // defaults by object size: 32/96/48 up to 256 bytes, scaled by 256/size above.
   std::size_t low_watermark = 0;
   std::size_t high_watermark = 0;

@@ -45,8 +45,8 @@
 //        0 < free_slots < capacity; at capacity it moves to `emptied`, and the holder frees
 //        it after unlocking. Only objects past their grace period (from a ready magazine, a
 //        retire() deleter, never handed out, or handed out but never seen:
-//        deallocate_unconstructed()) are released, so a free slot may be handed out at once
-//        (P2). The lock is only ever tried. It holds the fork generation it was
+//        deallocate_unconstructed(); or, without reuse_after_gp, any deallocated object)
+//        are released, so a free slot may be handed out at once (P2). The lock is only ever tried. It holds the fork generation it was
 //        taken under (grace/reclaim/detail/fork.h, bumped in the child before grace starts
 //        any thread there): a thread that finds it held under an older generation takes it
 //        over (the holder was a thread of a parent) and rebuilds free_slots and the lists
