@@ -1347,7 +1347,7 @@ void object_pool::settle(detail::pool_cache& cache) noexcept {
   }
   if (pops != 0) detail::bump(cache.allocated, pops);
   if (pushes != 0) detail::bump(cache.deallocated, pushes);
-  cache.loaded_mark = cache.loaded != nullptr ? cache.loaded->count : 0;
+  mark_loaded(cache);
 }
 
 object_pool::object_pool(std::size_t object_size, pool_options options, domain& reclamation)

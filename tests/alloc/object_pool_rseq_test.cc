@@ -9,19 +9,18 @@
 // through grace::object_pool_test_access.
 #include <gtest/gtest.h>
 #include <linux/membarrier.h>
-#include <pthread.h>
 #include <sched.h>
 #include <sys/rseq.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <thread>
-#include <vector>
 
 #include "grace/alloc/object_pool.h"
 #include "grace/reclaim/domain.h"
@@ -82,25 +81,6 @@ TEST(ObjectPoolRseq, APoolUsesRestartableSequencesExactlyWhereTheMachineOffersTh
   EXPECT_FALSE(without.uses_restartable_sequences());
 }
 
-void pin_to(unsigned cpu) {
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
-}
-
-// The CPUs this process may run on.
-std::vector<unsigned> allowed_cpus() {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  EXPECT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
-  std::vector<unsigned> cpus;
-  for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
-  }
-  return cpus;
-}
-
 // A thread pinned to one CPU allocates and deallocates without pause (without
 // reuse_after_gp, so that every operation is a sequence on that CPU's cache), while this
 // thread, pinned to another CPU, holds that cache again and again, each time reading the
@@ -109,10 +89,12 @@ std::vector<unsigned> allowed_cpus() {
 // (A8) restarts it instead.
 // With the fence removed, every run of three failed.
 TEST(ObjectPoolRseq, NoFastPathOnTheCachesCpuCommitsWhileAnotherCpuHoldsIt) {
-  const std::vector<unsigned> cpus = allowed_cpus();
-  ASSERT_FALSE(cpus.empty());
-  const unsigned victim = cpus.front();
-  const unsigned holder = cpus.back();  // the same CPU where there is one: a weaker check
+  const gt::saved_affinity restore;
+  const std::array<int, 2> two = gt::two_cpus_with_their_own_shards();
+  // Where there is only one CPU, the same one for both: a weaker check.
+  const int only = std::max(sched_getcpu(), 0);
+  const int victim = two[0] >= 0 ? two[0] : only;
+  const int holder = two[0] >= 0 ? two[1] : only;
   grace::domain d(ga::quiet());
   grace::pool_options options;
   options.reuse_after_gp = false;
@@ -121,7 +103,7 @@ TEST(ObjectPoolRseq, NoFastPathOnTheCachesCpuCommitsWhileAnotherCpuHoldsIt) {
   std::atomic<bool> stop{false};
   std::uint64_t churned = 0;
   std::thread churner([&] {
-    pin_to(victim);
+    EXPECT_TRUE(gt::pin_to_cpu(victim));
     started.store(true, std::memory_order_relaxed);
     while (!stop.load(std::memory_order_relaxed)) {
       void* a = pool.allocate();
@@ -131,10 +113,10 @@ TEST(ObjectPoolRseq, NoFastPathOnTheCachesCpuCommitsWhileAnotherCpuHoldsIt) {
       churned += 4;
     }
   });
-  pin_to(holder);
+  ASSERT_TRUE(gt::pin_to_cpu(holder));
   while (!started.load(std::memory_order_relaxed)) std::this_thread::yield();
   using access = grace::object_pool_test_access;
-  const unsigned cache = victim & (grace::detail::cpu_shard_count() - 1);
+  const unsigned cache = static_cast<unsigned>(victim) & (grace::detail::cpu_shard_count() - 1);
   // Holds, not attempts, are what can catch a sequence: a hold fails while the churner's
   // own fallback holds the cache.
   const std::size_t holds = gt::iterations(10'000);

@@ -200,10 +200,7 @@ TEST(Domain, EveryCpuTheProcessMayRunOnHasAShardOfItsOwnAndIsToldApart) {
   for (const unsigned cpu : cpus) {
     EXPECT_LT(cpu, shards);
     std::thread([&] {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+      ASSERT_TRUE(gt::pin_to_cpu(static_cast<int>(cpu)));
       EXPECT_EQ(grace::detail::current_cpu(), cpu);
       EXPECT_TRUE(grace::detail::running_on(cpu));
       EXPECT_FALSE(grace::detail::running_on(cpu + 1));

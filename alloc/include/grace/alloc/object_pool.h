@@ -53,8 +53,8 @@ struct pool_options {
   // Ready objects a CPU cache keeps: below low it refills a batch; above high (plus a grace
   // period's worth for a cache that allocates) it gives the surplus to the depot; idle, it
   // is trimmed to (low + high) / 2, then emptied if still idle (alloc/README.md, "Memory").
-  // 0 picks the BPF allocator's
-  // defaults by object size: 32/96/48 up to 256 bytes, scaled by 256/size above.
+  // 0 picks the BPF allocator's defaults by object size: 32/96/48 up to 256 bytes, scaled by
+  // 256/size above.
   std::size_t low_watermark = 0;
   std::size_t high_watermark = 0;
   std::size_t batch = 0;
@@ -206,8 +206,12 @@ class object_pool {
     settle(cache);
     return true;
   }
+  // (P8): what the next settle() counts pops from.
+  static void mark_loaded(detail::pool_cache& cache) noexcept {
+    cache.loaded_mark = cache.loaded != nullptr ? cache.loaded->count : 0;
+  }
   static void release_hold(detail::pool_cache& cache) noexcept {
-    cache.loaded_mark = cache.loaded != nullptr ? cache.loaded->count : 0;  // (P8)
+    mark_loaded(cache);
     end_fast_hold(cache);
   }
   // Where deallocate() pushes (P1)/(P2): the offset of `freed`, or of `loaded`.
