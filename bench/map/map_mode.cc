@@ -76,6 +76,13 @@
 // forwards: no heap, allocator cache, call_rcu backlog or grace domain carries over from one
 // job into the next one's memory figures. --in-process runs every job in one process (for
 // valgrind and debuggers).
+// Rounds: --rounds N (N > 1) runs the whole job list N times, round after round, so a slow
+// spell of a shared machine falls on every map alike; each line then ends in round=K. After
+// the last round comes one summary line per job (rounds=N at its end): the fields of its
+// first round, in order, each number the median over the rounds (errors: the sum), with
+// kps_min and kps_max (the range of per_prod_op_kps) and grace_ratio (grace's median
+// per_prod_op_kps on the same use case and keys over this map's; grace's own line has 1.00).
+// The htab-mem style lines then show the medians.
 // Threads: every map operation runs on a thread holding the map's thread_scope (cds_lfht's
 // liburcu registration); the fill, the after-run check and the map's destruction run on
 // helper threads, so the main thread never registers with liburcu twice.
@@ -808,16 +815,32 @@ result timed_result(const char* map, const char* value, use_case uc, unsigned th
   return r;
 }
 
-// What a run reports: every result goes to the reporter and is kept for the htab-mem style
-// lines printed at the end.
+// One result as a job produced it, before a round= tag: the input of the --rounds summary.
+struct job_result {
+  std::size_t job;  // index into run()'s job list
+  unsigned round;   // 1-based
+  result r;
+};
+
+// What a run reports: every result goes to the reporter at once (with round=K when there is
+// more than one round) and is kept, untagged, for the summaries and the htab-mem style lines.
 struct result_sink {
   reporter& out;
-  std::vector<result> emitted;
+  bool tag_rounds = false;
+  std::vector<job_result> results;
   std::uint64_t errors = 0;
+  std::size_t job = 0;  // the job now running
+  unsigned round = 1;   // the round now running
 
   void emit(const result& r) {
-    out.emit(r);
-    emitted.push_back(r);
+    results.push_back({job, round, r});
+    if (!tag_rounds) {
+      out.emit(r);
+      return;
+    }
+    result tagged = r;
+    tagged.add("round", std::uint64_t{round});
+    out.emit(tagged);
   }
 };
 
@@ -1002,6 +1025,106 @@ struct job {
   map_kind map;
 };
 
+// --- the --rounds summary ----------------------------------------------------------------
+
+std::optional<double> number_field(const result& r, const std::string& key) {
+  for (const result::field& f : r.fields()) {
+    if (f.key == key && f.type == result::kind::number) return std::strtod(f.value.c_str(), nullptr);
+  }
+  return std::nullopt;
+}
+
+int decimals_of(const std::string& value) {
+  const std::size_t dot = value.find('.');
+  return dot == std::string::npos ? 0 : static_cast<int>(value.size() - dot - 1);
+}
+
+// The median (of an even count: the mean of the two middle values); xs is not empty.
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  const std::size_t mid = xs.size() / 2;
+  return xs.size() % 2 != 0 ? xs[mid] : (xs[mid - 1] + xs[mid]) / 2;
+}
+
+// One job's k-th result over every round: the first round's fields in their order, each
+// number the median over the rounds that measured it (errors: their sum), text as the first
+// round has it; kps_min and kps_max follow per_prod_op_kps; rounds= closes the line.
+result summarize_rounds(const std::vector<const result*>& rounds) {
+  result summary;
+  for (const result::field& f : rounds.front()->fields()) {
+    std::vector<double> xs;
+    int decimals = 0;
+    for (const result* r : rounds) {
+      if (const std::optional<double> x = number_field(*r, f.key)) {
+        if (xs.empty()) {
+          for (const result::field& g : r->fields()) {
+            if (g.key == f.key) decimals = decimals_of(g.value);
+          }
+        }
+        xs.push_back(*x);
+      }
+    }
+    if (f.type == result::kind::text) {
+      summary.add(f.key, f.value);
+    } else if (xs.empty()) {
+      summary.add_na(f.key);
+    } else if (f.key == "errors") {
+      double total = 0;
+      for (const double x : xs) total += x;
+      summary.add(f.key, static_cast<std::uint64_t>(total));
+    } else {
+      summary.add(f.key, median(xs), decimals);
+      if (f.key == "per_prod_op_kps") {
+        summary.add("kps_min", *std::min_element(xs.begin(), xs.end()), decimals);
+        summary.add("kps_max", *std::max_element(xs.begin(), xs.end()), decimals);
+      }
+    }
+  }
+  summary.add("rounds", std::uint64_t{rounds.size()});
+  return summary;
+}
+
+// The summaries of a --rounds run, in job order: one per job and k-th result of that job.
+// A timed result also gets grace_ratio: grace's median per_prod_op_kps on the same use case
+// and key count over this map's (the side-by-side ratio, from medians of interleaved runs).
+std::vector<result> round_summaries(const std::vector<job>& jobs,
+                                    const std::vector<job_result>& results) {
+  // [job][k][round]: the k-th result of a job in each round that produced one.
+  std::vector<std::vector<std::vector<const result*>>> by_job(jobs.size());
+  std::vector<std::size_t> next_k(jobs.size(), 0);
+  unsigned round = 0;
+  for (const job_result& jr : results) {
+    if (jr.round != round) {
+      round = jr.round;
+      std::fill(next_k.begin(), next_k.end(), 0);
+    }
+    std::vector<std::vector<const result*>>& lines = by_job[jr.job];
+    if (lines.size() <= next_k[jr.job]) lines.emplace_back();
+    lines[next_k[jr.job]++].push_back(&jr.r);
+  }
+  std::vector<result> summaries;
+  std::vector<std::pair<std::size_t, std::optional<double>>> kps;  // job, median kps
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    for (const std::vector<const result*>& rounds : by_job[i]) {
+      summaries.push_back(summarize_rounds(rounds));
+      kps.emplace_back(i, number_field(summaries.back(), "per_prod_op_kps"));
+    }
+  }
+  for (std::size_t s = 0; s < summaries.size(); ++s) {
+    const job& j = jobs[kps[s].first];
+    if (!kps[s].second) continue;
+    for (std::size_t g = 0; g < summaries.size(); ++g) {
+      const job& grace_job = jobs[kps[g].first];
+      if (grace_job.map == map_kind::grace && grace_job.uc == j.uc && grace_job.keys == j.keys &&
+          kps[g].second && *kps[s].second > 0) {
+        summaries[s].add("grace_ratio", *kps[g].second / *kps[s].second, 2);
+        break;
+      }
+    }
+  }
+  return summaries;
+}
+
 template <class Value>
 void run_job_with_values(run_state& st, const job& j) {
   if (j.uc == use_case::destroy) {
@@ -1147,6 +1270,10 @@ void describe(options_spec& spec) {
                  "grace's reclaim worker's nice value: 0 uses the global domain, above 0 a "
                  "domain of the process's own (domain_options::worker_nice)",
                  0, 19);
+  spec.add_count("rounds", 1,
+                 "run every job this many times, round by round; after the rounds, one "
+                 "summary line per job: medians, kps_min, kps_max, grace_ratio",
+                 1, 100);
   spec.add_flag("affinity", "pin producer t to CPU t mod the CPU count");
   spec.add_flag("in-process",
                 "run every job in this process (default: each map and use case in a fresh "
@@ -1162,6 +1289,7 @@ void describe(options_spec& spec) {
       "  grace-bench map                                     # everything, ~3 minutes\n"
       "  grace-bench map --use-case add_del_on_diff_cpu --duration 30  # memory over 30 s\n"
       "  grace-bench map --producers 1 --map absl_single,grace\n"
+      "  grace-bench map --rounds 5 --duration 1 --use-case lookup  # medians, grace_ratio\n"
       "Keys: see the comment at the top of bench/map/map_mode.cc.");
 }
 
@@ -1243,14 +1371,29 @@ int run(const parsed_options& options, reporter& out) {
     }
   }
 
-  result_sink sink{out, {}, 0};
+  const auto rounds = static_cast<unsigned>(options.count("rounds"));
+  result_sink sink{out, rounds > 1, {}, 0, 0, 1};
+  // Round by round, every job once per round: a slow spell of a shared machine then falls on
+  // every map alike, not on one map's whole run.
+  auto run_rounds = [&](auto&& run_job) {
+    for (sink.round = 1; sink.round <= rounds; ++sink.round) {
+      for (sink.job = 0; sink.job < jobs.size(); ++sink.job) run_job(jobs[sink.job]);
+    }
+  };
   if (options.flag("in-process")) {
     run_state st{cfg, sink, {}};
-    for (const job& j : jobs) run_job_in_process(st, j);
+    run_rounds([&](const job& j) { run_job_in_process(st, j); });
   } else {
-    for (const job& j : jobs) run_job_isolated(cfg, j, sink);
+    run_rounds([&](const job& j) { run_job_isolated(cfg, j, sink); });
   }
-  if (human) print_human(sink.emitted);
+  std::vector<result> shown;
+  if (rounds > 1) {
+    shown = round_summaries(jobs, sink.results);
+    for (const result& r : shown) out.emit(r);
+  } else {
+    for (const job_result& jr : sink.results) shown.push_back(jr.r);
+  }
+  if (human) print_human(shown);
   if (sink.errors != 0) {
     std::fprintf(stderr, "grace-bench map: %llu errors\n",
                  static_cast<unsigned long long>(sink.errors));
