@@ -12,6 +12,10 @@
 //   BM_chain_in_urcu_read_section   the same with liburcu's urcu_memb_read_lock/unlock alone:
 //                        what of the read section's cost is liburcu's
 //   BM_grace_visit       grace::hash_map::visit() on the same keys and values
+//   BM_libcuckoo_find    libcuckoo's find_fn() on the same keys and values, built as grace-bench
+//                        map builds it (when libcuckoo is installed): the peer whose buckets
+//                        hold their entries inline, so a lookup waits on one miss, and whose
+//                        readers take no read section (they read bucket versions instead)
 //
 // Keys, values and the check of every value read are grace-bench map's (map_value.h); 2
 // threads, uniform random keys, N = 10k and 1M present. At 1M keys each lookup waits on two
@@ -27,6 +31,10 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+
+#if GRACE_BENCH_HAVE_LIBCUCKOO
+#include <libcuckoo/cuckoohash_map.hh>
+#endif
 
 #include "map/map_value.h"
 #include "grace/map/hash_map.h"
@@ -208,6 +216,34 @@ void BM_grace_visit(benchmark::State& state) {
     return found && good;
   });
 }
+
+#if GRACE_BENCH_HAVE_LIBCUCKOO
+using cuckoo_table = libcuckoo::cuckoohash_map<std::uint64_t, value64>;
+
+std::unique_ptr<cuckoo_table> make_cuckoo_table(std::size_t keys) {
+  auto map = std::make_unique<cuckoo_table>(keys);  // grace-bench map's capacity hint: N
+  for (std::size_t i = 0; i < keys; ++i) map->insert(key_of(i), make_value(key_of(i)));
+  return map;
+}
+const cuckoo_table& cuckoo_for(std::size_t keys) {
+  if (keys == 10'000) {
+    static const std::unique_ptr<cuckoo_table> small = make_cuckoo_table(10'000);
+    return *small;
+  }
+  static const std::unique_ptr<cuckoo_table> large = make_cuckoo_table(1'000'000);
+  return *large;
+}
+
+void BM_libcuckoo_find(benchmark::State& state) {
+  const cuckoo_table& map = cuckoo_for(static_cast<std::size_t>(state.range(0)));
+  run_lookups(state, [&](std::uint64_t key) {
+    bool good = false;
+    const bool found = map.find_fn(key, [&](const value64& v) { good = value_matches(v, key); });
+    return found && good;
+  });
+}
+BENCHMARK(BM_libcuckoo_find)->Arg(10'000)->Arg(1'000'000)->Threads(2)->UseRealTime();
+#endif
 
 BENCHMARK(BM_bare_chain)->Arg(10'000)->Arg(1'000'000)->Threads(2)->UseRealTime();
 BENCHMARK(BM_bare_chain_split_key<split_order::reversed>)
