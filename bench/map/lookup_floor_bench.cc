@@ -150,13 +150,18 @@ const bare_table<Order>& bare_for(std::size_t keys) {
   static const bare_table<Order> large(1'000'000);
   return large;
 }
-const grace_table& grace_for(std::size_t keys) {
+// A map built once per size by Make, on first use, shared by the benchmark's threads.
+template <class Map, std::unique_ptr<Map> (*Make)(std::size_t)>
+const Map& built_once(std::size_t keys) {
   if (keys == 10'000) {
-    static const std::unique_ptr<grace_table> small = make_grace_table(10'000);
+    static const std::unique_ptr<Map> small = Make(10'000);
     return *small;
   }
-  static const std::unique_ptr<grace_table> large = make_grace_table(1'000'000);
+  static const std::unique_ptr<Map> large = Make(1'000'000);
   return *large;
+}
+const grace_table& grace_for(std::size_t keys) {
+  return built_once<grace_table, make_grace_table>(keys);
 }
 
 // Runs `check` on kLookupsPerIteration uniform random present keys per iteration; counts
@@ -226,12 +231,7 @@ std::unique_ptr<cuckoo_table> make_cuckoo_table(std::size_t keys) {
   return map;
 }
 const cuckoo_table& cuckoo_for(std::size_t keys) {
-  if (keys == 10'000) {
-    static const std::unique_ptr<cuckoo_table> small = make_cuckoo_table(10'000);
-    return *small;
-  }
-  static const std::unique_ptr<cuckoo_table> large = make_cuckoo_table(1'000'000);
-  return *large;
+  return built_once<cuckoo_table, make_cuckoo_table>(keys);
 }
 
 void BM_libcuckoo_find(benchmark::State& state) {
