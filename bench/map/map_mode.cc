@@ -982,12 +982,18 @@ void with_map_type(map_kind m, F&& f) {
 
 // The htab-mem style line of a timed result ("per-prod-op X ± Y k/s, avg mem A ± B MiB, peak
 // mem P MiB"), from its key=value fields; empty for other results.
+// The field of `r` named `key`, or nullptr.
+const result::field* find_field(const result& r, const std::string& key) {
+  for (const result::field& f : r.fields()) {
+    if (f.key == key) return &f;
+  }
+  return nullptr;
+}
+
 std::string human_line(const result& r) {
   auto field = [&r](const char* key) -> std::string {
-    for (const result::field& f : r.fields()) {
-      if (f.key == key) return f.value;
-    }
-    return {};
+    const result::field* f = find_field(r, key);
+    return f != nullptr ? f->value : std::string();
   };
   auto number = [&field](const char* key) { return std::strtod(field(key).c_str(), nullptr); };
   if (field("per_prod_op_kps").empty()) return {};
@@ -1028,10 +1034,9 @@ struct job {
 // --- the --rounds summary ----------------------------------------------------------------
 
 std::optional<double> number_field(const result& r, const std::string& key) {
-  for (const result::field& f : r.fields()) {
-    if (f.key == key && f.type == result::kind::number) return std::strtod(f.value.c_str(), nullptr);
-  }
-  return std::nullopt;
+  const result::field* f = find_field(r, key);
+  if (f == nullptr || f->type != result::kind::number) return std::nullopt;
+  return std::strtod(f->value.c_str(), nullptr);
 }
 
 int decimals_of(const std::string& value) {
@@ -1056,11 +1061,7 @@ result summarize_rounds(const std::vector<const result*>& rounds) {
     int decimals = 0;
     for (const result* r : rounds) {
       if (const std::optional<double> x = number_field(*r, f.key)) {
-        if (xs.empty()) {
-          for (const result::field& g : r->fields()) {
-            if (g.key == f.key) decimals = decimals_of(g.value);
-          }
-        }
+        if (xs.empty()) decimals = decimals_of(find_field(*r, f.key)->value);
         xs.push_back(*x);
       }
     }
