@@ -14,8 +14,9 @@
 //   BM_grace_visit       grace::hash_map::visit() on the same keys and values
 //   BM_libcuckoo_find    libcuckoo's find_fn() on the same keys and values, built as grace-bench
 //                        map builds it (when libcuckoo is installed): the peer whose buckets
-//                        hold their entries inline, so a lookup waits on one miss, and whose
-//                        readers take no read section (they read bucket versions instead)
+//                        hold their entries inline, so a lookup's misses (its two buckets and
+//                        their locks) issue at once, and whose readers lock the two buckets'
+//                        spinlocks instead of taking a read section
 //
 // Keys, values and the check of every value read are grace-bench map's (map_value.h); 2
 // threads, uniform random keys, N = 10k and 1M present. At 1M keys each lookup waits on two

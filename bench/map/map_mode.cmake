@@ -26,19 +26,23 @@ if(TBB_FOUND AND TARGET TBB::tbb AND TARGET TBB::tbbmalloc)
   target_link_libraries(grace-bench PRIVATE TBB::tbb TBB::tbbmalloc)
   string(APPEND _grace_bench_map_peers " tbb")
 endif()
+# grace_bench_libcuckoo: libcuckoo for any benchmark that runs it (grace-bench,
+# lookup_floor_bench), from its CMake package or, header-only, a bare header install.
 set(_grace_bench_have_libcuckoo 0)
+add_library(grace_bench_libcuckoo INTERFACE)
 if(libcuckoo_FOUND AND TARGET libcuckoo::libcuckoo)
   set(_grace_bench_have_libcuckoo 1)
-  target_link_libraries(grace-bench PRIVATE libcuckoo::libcuckoo)
-  string(APPEND _grace_bench_map_peers " libcuckoo")
+  target_link_libraries(grace_bench_libcuckoo INTERFACE libcuckoo::libcuckoo)
 elseif(NOT CMAKE_DISABLE_FIND_PACKAGE_libcuckoo)
-  # Header-only: a bare header install without the CMake package is enough.
   find_path(GRACE_LIBCUCKOO_INCLUDE_DIR libcuckoo/cuckoohash_map.hh)
   if(GRACE_LIBCUCKOO_INCLUDE_DIR)
     set(_grace_bench_have_libcuckoo 1)
-    target_include_directories(grace-bench SYSTEM PRIVATE ${GRACE_LIBCUCKOO_INCLUDE_DIR})
-    string(APPEND _grace_bench_map_peers " libcuckoo")
+    target_include_directories(grace_bench_libcuckoo SYSTEM INTERFACE ${GRACE_LIBCUCKOO_INCLUDE_DIR})
   endif()
+endif()
+if(_grace_bench_have_libcuckoo)
+  target_link_libraries(grace-bench PRIVATE grace_bench_libcuckoo)
+  string(APPEND _grace_bench_map_peers " libcuckoo")
 endif()
 set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/map_mode.cc APPEND PROPERTY COMPILE_DEFINITIONS
   GRACE_BENCH_HAVE_CDS_LFHT=${_grace_bench_have_cds_lfht}
