@@ -309,6 +309,9 @@ TEST_P(HashMapDestruction, DestroyErasedCoversEveryElementItsThreadErasedWhileOt
   std::atomic<std::uint64_t> destroyed_while_read{0};
   std::atomic<std::uint64_t> reads{0};
   std::atomic<unsigned> updaters_left{kUpdaters};
+  // Updater 0 erases its first round only once the reader has found a value: on a loaded
+  // machine the reader could otherwise run only after the updaters, and read nothing.
+  std::atomic<bool> reader_found_one{false};
   {
     lifetime_value_map map(options());
     gt::watchdog dog(kNoDeadlock, "updaters calling destroy_erased()");
@@ -329,6 +332,8 @@ TEST_P(HashMapDestruction, DestroyErasedCoversEveryElementItsThreadErasedWhileOt
               bad += !p->intact();
             }
           }
+          // Relaxed: a progress signal; nothing is published through it.
+          if (found != 0) reader_found_one.store(true, std::memory_order_relaxed);
         }
         // Relaxed (both): tallies, read after the join.
         destroyed_while_read.fetch_add(bad, std::memory_order_relaxed);
@@ -343,6 +348,10 @@ TEST_P(HashMapDestruction, DestroyErasedCoversEveryElementItsThreadErasedWhileOt
         }
         for (std::uint64_t i = 0; i < kKeys; ++i) {
           map.insert_or_assign(i * kUpdaters + index, lifetime_object(registry, round + 1));
+        }
+        // Relaxed: see reader_found_one.
+        while (index == 0 && round == 0 && !reader_found_one.load(std::memory_order_relaxed)) {
+          std::this_thread::yield();
         }
         for (std::uint64_t i = 0; i < kKeys; ++i) map.erase(i * kUpdaters + index);
         map.destroy_erased();
