@@ -44,7 +44,19 @@ inline constexpr unsigned kDeferredPasses = 4;
 inline constexpr std::uint32_t kGenerationMask = 0x7fffffff;
 
 constinit std::atomic<void (*)()> chunk_lock_held_hook{nullptr};
-inline constexpr unsigned kDepotSlotsPerCache = 16;
+// The depot holds kDepotBatchesPerCache batches of objects per cache, in as many magazines
+// as that takes (rounded up), and at least kMinDepotSlotsPerCache magazines: with the default
+// magazines of 64-byte objects, 3 slots of 256 for 768 objects.
+inline constexpr std::size_t kDepotBatchesPerCache = 16;
+inline constexpr std::size_t kMinDepotSlotsPerCache = 2;
+constexpr unsigned depot_slots_per_cache(std::size_t batch, std::size_t magazine_capacity) {
+  return static_cast<unsigned>(
+      std::max(kMinDepotSlotsPerCache,
+               (kDepotBatchesPerCache * batch + magazine_capacity - 1) / magazine_capacity));
+}
+// pool_options::magazine_capacity's default holds this many bytes of objects (by stride).
+inline constexpr std::size_t kDefaultMagazineObjectBytes = 16 * 1024;
+inline constexpr std::size_t kMaxMagazineCapacity = 4096;
 // Magazines a cache fills in a row without allocating before it counts as a consumer.
 inline constexpr std::uint32_t kConsumerMagazines = 4;
 // The idle trim runs at most this often (and after a grace period).
@@ -58,8 +70,9 @@ inline constexpr unsigned kForkSkippedHoldTries = 1000;
 // How many times stats() yields to the holder of a cache it would settle.
 inline constexpr unsigned kStatsHoldTries = 64;
 // Constructed magazines one hold takes out to destroy (P7), bounding the destructors one
-// take runs (48 objects a magazine by default). Two keep up with a thread that frees an
-// object per allocation.
+// take runs: up to 2 x magazine_capacity (by default a magazine holds 16 KiB of objects,
+// 186 map elements of 88 bytes). Two keep up with a thread that frees an object per
+// allocation.
 inline constexpr std::uint32_t kMagazinesPerTake = 2;
 
 // A record of one chunk, kept for the pool's lifetime so destruction can find chunks that
@@ -126,12 +139,14 @@ struct pool_core {
   const std::size_t first_offset;
   const std::uint32_t objects_per_chunk;
   const std::uint32_t bitmap_words;
-  const std::uint32_t batch;
+  const std::uint32_t batch;              // objects a refill puts into a magazine
+  const std::uint32_t magazine_capacity;  // >= batch
   const std::uint64_t low;
   const std::uint64_t high;
   // Ready objects a cache that allocates may hold: the high watermark plus what one grace
-  // period releases at once. Above it the hot paths shed (a cache that only frees sheds above
-  // `high`, to the depot); the idle trim goes down to the watermarks, then to nothing.
+  // period releases at once (what waits for it, and the magazine being filled). Above it the
+  // hot paths shed (a cache that only frees sheds above `high`, to the depot); the idle trim
+  // goes down to the watermarks, then to nothing.
   const std::uint64_t busy_high;
   const std::uint64_t gp_request_threshold;
   const std::uint64_t caller_gp_threshold;
@@ -206,8 +221,9 @@ struct pool_core {
   std::atomic<std::uint64_t> unheld_deallocations{0};
 
   pool_core(object_pool& owner, std::size_t object_stride, const chunk_layout& layout,
-            std::uint32_t magazine_batch, std::uint64_t low_mark, std::uint64_t high_mark,
-            std::uint64_t request_threshold, std::uint64_t caller_threshold, unsigned slots)
+            std::uint32_t magazine_batch, std::uint32_t capacity, std::uint64_t low_mark,
+            std::uint64_t high_mark, std::uint64_t request_threshold,
+            std::uint64_t caller_threshold, unsigned slots)
       : pool(owner),
         reclamation(owner.domain_),
         stride(object_stride),
@@ -216,9 +232,10 @@ struct pool_core {
         objects_per_chunk(layout.capacity),
         bitmap_words(layout.bitmap_words),
         batch(magazine_batch),
+        magazine_capacity(capacity),
         low(low_mark),
         high(high_mark),
-        busy_high(high_mark + std::max(request_threshold, caller_threshold) + magazine_batch),
+        busy_high(high_mark + std::max(request_threshold, caller_threshold) + capacity),
         gp_request_threshold(request_threshold),
         caller_gp_threshold(caller_threshold),
         depot_slots(slots),
@@ -591,14 +608,14 @@ struct pool_core {
       m->next = nullptr;
       return m;
     }
-    void* memory = allocator().allocate(magazine::bytes_for(batch), alignof(magazine),
-                                        allocator().context);
-    return memory == nullptr ? nullptr : new (memory) magazine(batch);
+    void* memory = allocator().allocate(magazine::bytes_for(magazine_capacity),
+                                        alignof(magazine), allocator().context);
+    return memory == nullptr ? nullptr : new (memory) magazine(magazine_capacity);
   }
 
   void free_magazine(magazine* m) noexcept {
     m->~magazine();
-    allocator().deallocate(m, magazine::bytes_for(batch), allocator().context);
+    allocator().deallocate(m, magazine::bytes_for(magazine_capacity), allocator().context);
   }
 
   void stash_magazine(pool_cache& cache, magazine* m) noexcept {
@@ -799,9 +816,9 @@ struct pool_core {
   // the next such thread, from the chunks' free slots (P5) if the chunk lock is free, or else
   // from a chunk of its own whose rest is released at once.
   void* allocate_from_chunks() {
-    void* memory = allocator().allocate(magazine::bytes_for(batch), alignof(magazine),
-                                        allocator().context);
-    magazine* spare = memory == nullptr ? nullptr : new (memory) magazine(batch);
+    void* memory = allocator().allocate(magazine::bytes_for(magazine_capacity),
+                                        alignof(magazine), allocator().context);
+    magazine* spare = memory == nullptr ? nullptr : new (memory) magazine(magazine_capacity);
     void* object = nullptr;
     take_from_partial_chunks([&] {
       if (take_free_slots(&object, 1) == 1 && spare != nullptr) {
@@ -854,6 +871,9 @@ struct pool_core {
       if (cache.loaded == nullptr) return false;
     }
     magazine* m = cache.loaded;
+    // Callers come with the loaded magazine empty; one holding batch or more (a ready
+    // magazine may hold up to magazine_capacity) needs nothing cut.
+    if (m->count >= batch) return true;
     // Free slots of the chunks already held first (P5): a chunk is cut only when none has one
     // (or another thread holds the chunk lock).
     std::uint32_t taken = 0;
@@ -1256,7 +1276,28 @@ pool_options resolve_options(std::size_t object_size, pool_options options) {
     fail("pool_options.low_watermark (" + std::to_string(options.low_watermark) +
          ") must be <= high_watermark (" + std::to_string(options.high_watermark) + ")");
   }
-  if (options.gp_request_threshold == 0) options.gp_request_threshold = 2 * options.batch;
+  if (options.magazine_capacity == 0) {
+    const std::size_t stride =
+        detail::round_up(std::max(object_size, detail::kMinStride), options.alignment);
+    options.magazine_capacity =
+        std::max(options.batch, std::min(detail::kMaxMagazineCapacity,
+                                         detail::kDefaultMagazineObjectBytes / stride));
+  }
+  if (options.magazine_capacity < options.batch) {
+    fail("pool_options.magazine_capacity (" + std::to_string(options.magazine_capacity) +
+         ") must be >= batch (" + std::to_string(options.batch) +
+         (defaults ? ", the default for this object size; set batch and the watermarks too)"
+                   : ")"));
+  }
+  if (options.magazine_capacity > detail::kMaxMagazineCapacity) {
+    fail("pool_options.magazine_capacity must be at most " +
+         std::to_string(detail::kMaxMagazineCapacity) + ", got " +
+         std::to_string(options.magazine_capacity));
+  }
+  // Two magazines: past it one at least is sealed, so the grace period can free something.
+  if (options.gp_request_threshold == 0) {
+    options.gp_request_threshold = 2 * options.magazine_capacity;
+  }
   if (options.allocator.allocate == nullptr || options.allocator.deallocate == nullptr) {
     fail("pool_options.allocator must have both allocate and deallocate");
   }
@@ -1362,9 +1403,11 @@ object_pool::object_pool(std::size_t object_size, pool_options options, domain& 
       detail::round_up(std::max(object_size_, detail::kMinStride), options_.alignment);
   core_ = std::make_unique<detail::pool_core>(
       *this, stride, detail::layout_chunks(stride, options_.alignment),
-      static_cast<std::uint32_t>(options_.batch), options_.low_watermark,
+      static_cast<std::uint32_t>(options_.batch),
+      static_cast<std::uint32_t>(options_.magazine_capacity), options_.low_watermark,
       options_.high_watermark, options_.gp_request_threshold, options_.caller_gp_threshold,
-      detail::kDepotSlotsPerCache * (cache_mask_ + 1));
+      detail::depot_slots_per_cache(options_.batch, options_.magazine_capacity) *
+          (cache_mask_ + 1));
   detail::pool_core::add_for_fork(*core_);  // see "fork()"
 }
 

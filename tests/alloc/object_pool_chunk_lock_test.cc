@@ -42,6 +42,7 @@ grace::pool_options small_pool() {
   o.low_watermark = 0;
   o.high_watermark = 4;
   o.batch = 4;
+  o.magazine_capacity = 4;
   o.caller_gp_threshold = 0;
   return o;
 }

@@ -48,7 +48,7 @@ std::size_t stress_iterations(std::size_t plain) {
 
 TEST(ObjectPoolStress, ManyThreadsNeverReuseBeforeAGracePeriodUnderMixedLoad) {
   // Six threads, half of them inside read guards, single and bulk calls and cross-thread
-  // deallocation, on two object sizes and watermark sets.
+  // deallocation, on three object sizes and watermark sets.
   struct config {
     std::size_t object_size;
     grace::pool_options options;
@@ -57,8 +57,13 @@ TEST(ObjectPoolStress, ManyThreadsNeverReuseBeforeAGracePeriodUnderMixedLoad) {
   small.low_watermark = 2;
   small.high_watermark = 8;
   small.batch = 4;
+  small.magazine_capacity = 4;
   small.caller_gp_threshold = 256;
-  for (const config& c : {config{64, {}}, config{200, small}}) {
+  // Refills of 4 into magazines that deallocate() fills to 12: magazines of every count
+  // move between the caches and the depot.
+  grace::pool_options uneven = small;
+  uneven.magazine_capacity = 12;
+  for (const config& c : {config{64, {}}, config{200, small}, config{96, uneven}}) {
     SCOPED_TRACE("object_size " + std::to_string(c.object_size));
     grace::domain d;
     grace::object_pool pool(c.object_size, c.options, d);
@@ -92,6 +97,7 @@ TEST(ObjectPoolStress, ReleasesDeferredToASlowChunkLockHolderAreNeitherLostNorHa
   tiny.low_watermark = 0;
   tiny.high_watermark = 4;
   tiny.batch = 4;
+  tiny.magazine_capacity = 4;
   tiny.caller_gp_threshold = 0;
   // Relaxed: set before the pools' threads start.
   grace::detail::chunk_lock_held_hook.store(&dawdle_while_holding_the_chunk_lock,
@@ -151,6 +157,7 @@ TEST(ObjectPoolStress, AllocationFailuresSwitchedOnAndOffUnderConcurrencyLoseNot
     options.low_watermark = 4;
     options.high_watermark = 16;
     options.batch = 8;
+    options.magazine_capacity = 8;
     options.allocator = memory.get();
     grace::object_pool pool(96, options, d);
     ga::reuse_oracle oracle(d);
@@ -407,6 +414,7 @@ TEST(ObjectPoolStress, AThreadReleasingToAChunkNeverTouchesItAfterAnotherThreadF
     options.low_watermark = 1;
     options.high_watermark = 1;
     options.batch = 1;
+    options.magazine_capacity = 1;
     options.reuse_after_gp = false;  // released at deallocate(): the race is in the release
     options.gp_request_threshold = 1;
     options.caller_gp_threshold = 0;

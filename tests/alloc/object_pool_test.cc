@@ -155,7 +155,8 @@ TEST(ObjectPool, DefaultWatermarksFollowTheBpfAllocatorScaledByObjectSize) {
     EXPECT_EQ(pool.options().low_watermark, 32u);
     EXPECT_EQ(pool.options().high_watermark, 96u);
     EXPECT_EQ(pool.options().batch, 48u);
-    EXPECT_EQ(pool.options().gp_request_threshold, 96u);  // 0 means 2 x batch
+    EXPECT_EQ(pool.options().magazine_capacity, 256u);     // 16 KiB of objects
+    EXPECT_EQ(pool.options().gp_request_threshold, 512u);  // 2 x magazine_capacity
     EXPECT_EQ(&pool.reclamation_domain(), &d);
   }
   {
@@ -164,6 +165,7 @@ TEST(ObjectPool, DefaultWatermarksFollowTheBpfAllocatorScaledByObjectSize) {
     EXPECT_EQ(pool.options().high_watermark, 24u);
     EXPECT_GE(pool.options().batch, 1u);
     EXPECT_LE(pool.options().batch, pool.options().high_watermark);
+    EXPECT_EQ(pool.options().magazine_capacity, std::max<std::size_t>(16, pool.options().batch));
   }
   {
     grace::object_pool pool(kLargestObject, {}, d);
@@ -171,6 +173,25 @@ TEST(ObjectPool, DefaultWatermarksFollowTheBpfAllocatorScaledByObjectSize) {
     EXPECT_LE(pool.options().low_watermark, pool.options().high_watermark);
     EXPECT_GE(pool.options().batch, 1u);
     EXPECT_LE(pool.options().batch, pool.options().high_watermark);
+    EXPECT_EQ(pool.options().magazine_capacity, pool.options().batch);  // never below batch
+  }
+  {
+    grace::object_pool pool(1, {}, d);
+    EXPECT_EQ(pool.options().magazine_capacity, 1024u);  // 16 KiB of 16-byte strides
+  }
+  {
+    grace::pool_options o;
+    o.alignment = 8;
+    grace::object_pool pool(1, o, d);
+    EXPECT_EQ(pool.options().magazine_capacity, 2048u);  // 8-byte strides
+  }
+  {
+    grace::pool_options o;  // 16 KiB holds 16 of these: the magazine keeps the batch
+    o.low_watermark = 8;
+    o.high_watermark = 24;
+    o.batch = 24;
+    grace::object_pool pool(1024, o, d);
+    EXPECT_EQ(pool.options().magazine_capacity, 24u);
   }
 }
 
@@ -226,6 +247,18 @@ TEST(ObjectPool, InvalidOptionsThrowInvalidArgumentNamingTheOption) {
   }
   {
     grace::pool_options o = small_magazines();
+    o.magazine_capacity = 7;  // < batch 8: a refill would not fit
+    EXPECT_TRUE(rejects(64, o, "magazine_capacity"));
+    o.magazine_capacity = 4097;
+    EXPECT_TRUE(rejects(64, o, "magazine_capacity"));
+  }
+  {
+    grace::pool_options o;
+    o.magazine_capacity = 32;  // below the default batch (48), which the message names
+    EXPECT_TRUE(rejects(64, o, "the default for this object size"));
+  }
+  {
+    grace::pool_options o = small_magazines();
     o.allocator.allocate = nullptr;
     EXPECT_TRUE(rejects(64, o, "allocator"));
   }
@@ -238,6 +271,18 @@ TEST(ObjectPool, InvalidOptionsThrowInvalidArgumentNamingTheOption) {
   edge.alignment = 4096;
   EXPECT_NO_THROW(grace::object_pool(kLargestObject, edge, d));
   EXPECT_NO_THROW(grace::object_pool(1, edge, d));
+}
+
+// Fills `objects` from the pool; returns how many of them were among `earlier`.
+std::size_t allocate_counting_reuse(grace::object_pool& pool, std::vector<void*>& objects,
+                                    const std::vector<void*>& earlier) {
+  const std::set<void*> earlier_set(earlier.begin(), earlier.end());
+  std::size_t reused = 0;
+  for (void*& p : objects) {
+    p = pool.allocate();
+    reused += earlier_set.count(p);
+  }
+  return reused;
 }
 
 TEST(ObjectPool, StatsCountAllocationsFreshObjectsReuseAndChunks) {
@@ -275,13 +320,8 @@ TEST(ObjectPool, StatsCountAllocationsFreshObjectsReuseAndChunks) {
   EXPECT_LE(s.waiting_for_gp, kObjects) << describe(s);
 
   d.synchronize();  // the two sealed magazines' cookies elapse
-  const std::set<void*> first_set(first.begin(), first.end());
-  std::size_t reused = 0;
   std::vector<void*> second(kObjects);
-  for (void*& p : second) {
-    p = pool.allocate();
-    reused += first_set.count(p);
-  }
+  const std::size_t reused = allocate_counting_reuse(pool, second, first);
   s = pool.stats();
   EXPECT_EQ(s.allocated, 2 * kObjects);
   // The 4 fresh objects left in the loaded magazine go first, then the 16 objects of the
@@ -292,6 +332,31 @@ TEST(ObjectPool, StatsCountAllocationsFreshObjectsReuseAndChunks) {
   EXPECT_EQ(s.returned_to_system, 0u);
   for (void* p : second) pool.deallocate(p);
   EXPECT_EQ(pool.stats().deallocated, 2 * kObjects);
+}
+
+TEST(ObjectPool, AMagazineWaitsForItsGracePeriodOnceItHoldsMagazineCapacityObjects) {
+  // Refills cut `batch` objects, but deallocate() fills a magazine to its capacity before
+  // it is stamped: 40 frees into magazines of 16 seal two (32 objects) and leave 8 behind.
+  ga::pin_to_current_cpu pin;
+  ASSERT_TRUE(pin.pinned());
+  grace::domain d(quiet());
+  grace::pool_options options = small_magazines();  // batch 8
+  options.magazine_capacity = 16;
+  options.caller_gp_threshold = 0;
+  options.gp_request_threshold = 1000;  // no grace period but the test's own
+  grace::object_pool pool(64, options, d);
+  constexpr std::size_t kObjects = 40;
+  std::vector<void*> first(kObjects);
+  for (void*& p : first) p = pool.allocate();
+  EXPECT_EQ(pool.stats().fresh, 40u) << "five refills of batch 8";
+  for (void* p : first) pool.deallocate(p);
+  d.synchronize();  // the two sealed magazines' cookies elapse; the third was never stamped
+  std::vector<void*> second(kObjects);
+  const std::size_t reused = allocate_counting_reuse(pool, second, first);
+  const grace::pool_stats s = pool.stats();
+  EXPECT_EQ(s.reused_after_gp, 32u) << describe(s);
+  EXPECT_EQ(reused, 32u);
+  for (void* p : second) pool.deallocate(p);
 }
 
 TEST(ObjectPool, ObjectsGoBackToTheSystemWhenCachesAndDepotAreFull) {
@@ -514,6 +579,7 @@ grace::pool_options batch_of_one() {
   o.low_watermark = 1;
   o.high_watermark = 2;
   o.batch = 1;
+  o.magazine_capacity = 1;
   return o;
 }
 
@@ -833,13 +899,14 @@ TEST(ObjectPool, AllocateBulkUnderAllocationFailureIsAllOrNothing) {
 // After a burst, with no further call on the pool, the idle trim pass sheds each cache to
 // its watermarks and empties the idle depot. Bound on what stays:
 //   - ready objects (the stats gauge): at most high_watermark per cache (a first trim pass
-//     keeps (low + high) / 2 in ready magazines plus the loaded magazine's <= batch <= high;
-//     the second empties the cache, which the next test checks);
+//     keeps (low + high) / 2 in ready magazines plus the loaded magazine's up to
+//     magazine_capacity, which may exceed high; the second pass empties the cache, which
+//     the next test checks, and the test waits for it);
 //   - held bytes: the burst was deallocated in allocation order and a cache keeps its
-//     newest magazines, so what stays is at most (high + batch) consecutive objects per
-//     cache, spanning at most ceil((high + batch) * stride / chunk) + 1 chunks, plus the
-//     chunk each cache is cutting fresh objects from:
-//       caches * (ceil((high + batch) * stride / 64 KiB) + 2) * 64 KiB.
+//     newest magazines, so what stays is at most (high + magazine_capacity) consecutive
+//     objects per cache, spanning at most ceil((high + magazine_capacity) * stride / chunk)
+//     + 1 chunks, plus the chunk each cache is cutting fresh objects from:
+//       caches * (ceil((high + magazine_capacity) * stride / 64 KiB) + 2) * 64 KiB.
 //   For 64-byte objects with the default watermarks on 2 CPUs that is 6 chunks (384 KiB)
 //   out of the burst's ~196 (12.5 MiB).
 class ObjectPoolWatermarks : public ::testing::TestWithParam<bool> {};
@@ -862,12 +929,13 @@ TEST_P(ObjectPoolWatermarks, GiveMemoryBackAfterABurstWithoutFurtherCalls) {
   EXPECT_GE(burst.peak_held_bytes, objects * 64);
 
   const std::size_t high = pool.options().high_watermark;
-  const std::size_t batch = pool.options().batch;
+  const std::size_t magazine = pool.options().magazine_capacity;
   const std::size_t stride = 64;
-  const std::size_t held_bound =
-      caches() * ((((high + batch) * stride + kChunkBytes - 1) / kChunkBytes) + 2) * kChunkBytes;
+  const std::size_t chunks_per_cache =
+      ((high + magazine) * stride + kChunkBytes - 1) / kChunkBytes + 2;
+  const std::size_t held_bound = caches() * chunks_per_cache * kChunkBytes;
   const std::size_t ready_bound = caches() * high;
-  const std::size_t returned_bound = objects - caches() * (high + batch);
+  const std::size_t returned_bound = objects - caches() * (high + magazine);
   grace::pool_stats s;
   // stats() fields are not mutually consistent: a trim pass may have freed chunks but not yet
   // counted their objects as returned. Wait for all three.
@@ -1256,7 +1324,8 @@ TEST(ObjectPool, ObjectsFreedOnACpuThatNeverAllocatesAreReusedByTheCpuThatAlloca
   });
   const grace::pool_stats s = pool.stats();
   // Fresh cuts after warm-up: at most a magazine or two while a grace period is in flight
-  // (the defaults' batch is 48), against 190 rounds x 256 objects allocated meanwhile.
+  // (the defaults' hold 256 objects of 64 bytes), against 190 rounds x 256 objects
+  // allocated meanwhile.
   EXPECT_LE(s.fresh - fresh_after_warmup, 2 * kPerRound) << describe(s);
   EXPECT_EQ(s.allocated, s.deallocated) << describe(s);
 }

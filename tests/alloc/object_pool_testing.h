@@ -190,6 +190,7 @@ inline grace::pool_options small_magazines() {
   o.low_watermark = 4;
   o.high_watermark = 16;
   o.batch = 8;
+  o.magazine_capacity = 8;
   return o;
 }
 

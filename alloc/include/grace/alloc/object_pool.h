@@ -17,8 +17,9 @@
 //
 // Memory: per-CPU caches refill below the low watermark and give surplus above the high one
 // (beyond a grace period's worth, for a cache that allocates) to a shared depot other CPUs
-// draw from, or back to its chunks; an idle cache is trimmed to between the two, and one
-// still idle at the next trim pass gives back the rest. Objects
+// draw from, or back to its chunks; an idle cache is trimmed to between the two (keeping
+// its loaded magazine, which may hold more), and one still idle at the next trim pass
+// gives back the rest. Objects
 // come from 64 KiB chunks: a refill takes the free slots of chunks already held before it
 // cuts a new one, and a chunk returns to the system once all its slots are free.
 // Objects waiting for a grace period are bounded by asking the domain for a grace period
@@ -52,12 +53,21 @@ struct pool_core;
 struct pool_options {
   // Ready objects a CPU cache keeps: below low it refills a batch; above high (plus a grace
   // period's worth for a cache that allocates) it gives the surplus to the depot; idle, it
-  // is trimmed to (low + high) / 2, then emptied if still idle (alloc/README.md, "Memory").
+  // is trimmed to (low + high) / 2 plus its loaded magazine, then emptied if still idle
+  // (alloc/README.md, "Memory").
   // 0 picks the BPF allocator's defaults by object size: 32/96/48 up to 256 bytes, scaled by
   // 256/size above.
   std::size_t low_watermark = 0;
   std::size_t high_watermark = 0;
   std::size_t batch = 0;
+  // Object pointers a magazine holds: deallocate() fills one before it is stamped and waits
+  // for its grace period, and allocate() empties one before its slow path takes the next, so
+  // the slow paths (a grace-period cookie, a request to the domain) run once per this many
+  // calls. At least batch (a refill cuts batch objects into one), at most 4096. 0 means
+  // max(batch, 16 KiB of objects by their stride, at most 4096): 256 of 64 bytes, 1024 of
+  // the smallest with the default alignment (an 8 KiB magazine) (alloc/README.md,
+  // "Magazines").
+  std::size_t magazine_capacity = 0;
   // Objects' alignment: a power of two; 0 means alignof(std::max_align_t).
   std::size_t alignment = 0;
   // false: a freed object is reused at once. UNSAFE for RCU readers: it exists only as the
@@ -66,7 +76,7 @@ struct pool_options {
   // Objects waiting for a grace period in one CPU cache above which the pool asks its domain
   // for one (domain::request_gp(), the rcu_request_urgent_qs_task analogue: answered by the
   // next grace period anyone runs, or by the engine after domain_options::requested_gp_delay).
-  // 0 means 2 x batch.
+  // 0 means 2 x magazine_capacity (past it, at least one magazine is sealed).
   std::size_t gp_request_threshold = 0;
   // Waiting objects in one CPU cache above which the deallocating thread runs a grace period
   // itself, at its next quiescent point (domain::synchronize_when_unpinned()); below it, the
