@@ -826,7 +826,7 @@ TEST(ObjectPool, AllocateBulkUnderAllocationFailureIsAllOrNothing) {
   // The n-th system allocation fails, for every n a bulk call of many chunks makes: the call
   // either hands out every object or throws std::bad_alloc leaving none allocated.
   // 128-byte objects: 511 a chunk (64 KiB less the header and the free-slot bitmap), so
-  // magazines of 73 end exactly at each chunk's end and a failed chunk allocation finds the
+  // refills of 73 end exactly at each chunk's end and a failed chunk allocation finds the
   // magazine empty (with another batch the refill would hand out the chunk's tail and the
   // next refill would try again: no failure would surface).
   constexpr std::size_t kObjectSize = 128;

@@ -233,6 +233,7 @@ inline hash_map_options decode_options(std::uint8_t bits) {
     options.pool.low_watermark = 1;
     options.pool.high_watermark = 4;
     options.pool.batch = 2;
+    options.pool.magazine_capacity = 2;
     options.pool.gp_request_threshold = 2;
     options.pool.caller_gp_threshold = 8;
   }
