@@ -116,6 +116,11 @@ constexpr std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) & ~(alignment - 1);
 }
 
+// The distance between neighbouring objects in a chunk.
+constexpr std::size_t object_stride(std::size_t object_size, std::size_t alignment) {
+  return round_up(std::max(object_size, kMinStride), alignment);
+}
+
 constexpr chunk_layout layout_chunks(std::size_t stride, std::size_t alignment) {
   std::size_t capacity = (kChunkBytes - kChunkHeaderBytes) / stride;
   for (;;) {
@@ -608,6 +613,11 @@ struct pool_core {
       m->next = nullptr;
       return m;
     }
+    return allocate_magazine();
+  }
+
+  // A new empty magazine from the system allocator; nullptr if it has no memory.
+  magazine* allocate_magazine() noexcept {
     void* memory = allocator().allocate(magazine::bytes_for(magazine_capacity),
                                         alignof(magazine), allocator().context);
     return memory == nullptr ? nullptr : new (memory) magazine(magazine_capacity);
@@ -816,9 +826,7 @@ struct pool_core {
   // the next such thread, from the chunks' free slots (P5) if the chunk lock is free, or else
   // from a chunk of its own whose rest is released at once.
   void* allocate_from_chunks() {
-    void* memory = allocator().allocate(magazine::bytes_for(magazine_capacity),
-                                        alignof(magazine), allocator().context);
-    magazine* spare = memory == nullptr ? nullptr : new (memory) magazine(magazine_capacity);
+    magazine* spare = allocate_magazine();
     void* object = nullptr;
     take_from_partial_chunks([&] {
       if (take_free_slots(&object, 1) == 1 && spare != nullptr) {
@@ -1277,8 +1285,7 @@ pool_options resolve_options(std::size_t object_size, pool_options options) {
          ") must be <= high_watermark (" + std::to_string(options.high_watermark) + ")");
   }
   if (options.magazine_capacity == 0) {
-    const std::size_t stride =
-        detail::round_up(std::max(object_size, detail::kMinStride), options.alignment);
+    const std::size_t stride = detail::object_stride(object_size, options.alignment);
     options.magazine_capacity =
         std::max(options.batch, std::min(detail::kMaxMagazineCapacity,
                                          detail::kDefaultMagazineObjectBytes / stride));
@@ -1399,8 +1406,7 @@ object_pool::object_pool(std::size_t object_size, pool_options options, domain& 
       cache_mask_(detail::cpu_shard_count() - 1),
       restartable_sequences_(options_.restartable_sequences &&
                              detail::restartable_sequences_available()) {
-  const std::size_t stride =
-      detail::round_up(std::max(object_size_, detail::kMinStride), options_.alignment);
+  const std::size_t stride = detail::object_stride(object_size_, options_.alignment);
   core_ = std::make_unique<detail::pool_core>(
       *this, stride, detail::layout_chunks(stride, options_.alignment),
       static_cast<std::uint32_t>(options_.batch),
