@@ -1613,6 +1613,8 @@ void* object_pool::allocate_contended_slow(unsigned home) {
       return object;
     }
   }
+  // The yield may have moved the thread; its CPU's cache, if free now, needs no fence.
+  home = detail::current_cpu() & cache_mask_;
   for (unsigned i = 0; i <= cache_mask_; ++i) {
     const unsigned index = (home + i) & cache_mask_;
     detail::pool_cache& cache = caches_[index];
@@ -1639,12 +1641,19 @@ void* object_pool::allocate_contended_slow(unsigned home) {
 }
 
 void object_pool::deallocate_contended_slow(unsigned home, void* object) noexcept {
+  // Without restartable sequences the home cache was just found held: look elsewhere at once.
+  unsigned first = 1;
   if (restartable_sequences_) {
     // Another CPU's cache costs a fence (A8), more than letting the holder run once.
     std::this_thread::yield();
     if (detail::rseq_push(caches_.get(), cache_mask_ + 1, target_offset(), object)) return;
+    // Still held, or its `freed` magazine is full and wants the slow path: the CPU's own
+    // cache first (no fence), so that a sealed magazine is not another CPU's to fill and a
+    // push does not stall that CPU's fast paths.
+    home = detail::current_cpu() & cache_mask_;
+    first = 0;
   }
-  for (unsigned i = 1; i <= cache_mask_; ++i) {
+  for (unsigned i = first; i <= cache_mask_; ++i) {
     const unsigned index = (home + i) & cache_mask_;
     detail::pool_cache& cache = caches_[index];
     if (!take_fast(cache, index)) continue;

@@ -38,6 +38,10 @@ struct object_pool_test_access {
   static void release(object_pool& pool, unsigned cache) {
     pool.end_fast_hold(pool.caches_[cache]);
   }
+  // What deallocate() does after finding cache `home` held.
+  static void deallocate_after_contention(object_pool& pool, unsigned home, void* object) {
+    pool.deallocate_contended_slow(home, object);
+  }
   // The words a sequence on this cache commits to (its magazines' count and pushed), and
   // the magazines themselves; read by the cache's holder.
   static std::array<std::uint64_t, 4> committed(object_pool& pool, unsigned cache) {
@@ -138,6 +142,54 @@ TEST(ObjectPoolRseq, NoFastPathOnTheCachesCpuCommitsWhileAnotherCpuHoldsIt) {
   EXPECT_GT(churned, 0u);
   EXPECT_EQ(changed, 0u) << "of " << taken << " holds of CPU " << victim << "'s cache from CPU "
                          << holder << ", while its thread ran " << churned << " operations";
+}
+
+// A free that found its CPU's cache held yields to the holder, and then, once the hold is
+// over, takes that cache again even when its `freed` magazine is full (the slow path's work):
+// it seals it there. Going on to another CPU's cache instead would cost that CPU a fence and
+// fill a magazine that is not the freeing CPU's. Without restartable sequences the free goes
+// to another cache at once (the held path's contract: its CPU's cache was just found held).
+// With the home cache skipped after the yield, the first version failed: the object went
+// into the other cache's magazine.
+TEST(ObjectPoolRseq, AFreeThatFoundItsCpusCacheHeldSealsItsFullMagazineThereOnceFree) {
+  const gt::saved_affinity restore;
+  const std::array<int, 2> two = gt::two_cpus_with_their_own_shards();
+  const int only = std::max(sched_getcpu(), 0);
+  const int home_cpu = two[0] >= 0 ? two[0] : only;
+  ASSERT_TRUE(gt::pin_to_cpu(home_cpu));
+  const unsigned caches = grace::detail::cpu_shard_count();
+  const unsigned home = static_cast<unsigned>(home_cpu) & (caches - 1);
+  const unsigned other = two[0] >= 0 ? (static_cast<unsigned>(two[1]) & (caches - 1)) : home;
+  grace::domain d(ga::quiet());
+  for (const bool restartable : {true, false}) {
+    grace::pool_options options = ga::small_magazines();
+    options.restartable_sequences = restartable;
+    grace::object_pool pool(64, options, d);
+    using access = grace::object_pool_test_access;
+    std::array<void*, 8> filled{};  // small_magazines(): a magazine holds 8
+    for (void*& object : filled) object = pool.allocate();
+    void* extra = pool.allocate();
+    for (void* object : filled) pool.deallocate(object);
+    // freed is {magazine, count | pushed << 32} in committed()'s answer.
+    ASSERT_EQ(access::committed(pool, home)[3] & 0xffffffff, 8u) << "home's freed is full";
+    const std::uintptr_t full_magazine = access::committed(pool, home)[2];
+
+    access::deallocate_after_contention(pool, home, extra);
+
+    const auto at_home = access::committed(pool, home);
+    const auto elsewhere = access::committed(pool, other);
+    if (pool.uses_restartable_sequences() || other == home) {
+      EXPECT_NE(at_home[2], full_magazine) << "the full magazine was sealed";
+      EXPECT_EQ(at_home[3] & 0xffffffff, 1u) << "the free went to a new magazine at home";
+      if (other != home) {
+        EXPECT_EQ(elsewhere[2], 0u) << "another CPU's cache was given the object";
+      }
+    } else {
+      EXPECT_EQ(at_home[2], full_magazine) << "the held path looks elsewhere at once";
+      EXPECT_EQ(elsewhere[3] & 0xffffffff, 1u);
+    }
+    pool.destroy_deallocated();
+  }
 }
 
 // Threads that churn the pool (checked by the reuse oracle) while one more thread calls
