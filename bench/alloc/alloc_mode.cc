@@ -28,6 +28,9 @@
 //                    high watermarks, and no more chunks than those need (plus the chunk
 //                    each cache cuts from); malloc modes, until
 //                    every retired object is reclaimed. Other workloads: na
+//   grace_periods    grace periods run through the run's domain (by the engine, the pool's
+//                    deallocating threads, or retire())
+//   caller_gp_threshold  pool modes: --caller-gp-threshold; na for the malloc modes
 #include <malloc.h>
 
 #include <algorithm>
@@ -100,6 +103,9 @@ struct config {
   double seconds;
   std::uint64_t burst;
   bool affinity;  // worker t on CPU t mod the CPU count (producer-consumer: 2p and 2p + 1)
+  // The pool modes' pool_options of the same names (who drives grace periods, and when).
+  std::uint64_t caller_gp_threshold;
+  std::uint64_t gp_request_threshold;
 };
 
 // The object the malloc modes allocate: the payload plus, for call_rcu, an rcu_head in front
@@ -113,13 +119,15 @@ void free_after_call_rcu(rcu_head* head) { std::free(head); }
 // One mode's allocator, behind the same two calls for every workload.
 class allocator_under_test {
  public:
-  allocator_under_test(mode m, std::size_t object_size, domain& reclamation)
-      : mode_(m), object_size_(object_size), domain_(reclamation) {
+  allocator_under_test(mode m, const config& cfg, domain& reclamation)
+      : mode_(m), object_size_(cfg.object_size), domain_(reclamation) {
     if (m == mode::after_gp || m == mode::after_gp_held || m == mode::immediate) {
       pool_options options;
       options.reuse_after_gp = m != mode::immediate;
       options.restartable_sequences = m != mode::after_gp_held;
-      pool_.emplace(object_size, options, reclamation);
+      options.caller_gp_threshold = cfg.caller_gp_threshold;
+      options.gp_request_threshold = cfg.gp_request_threshold;
+      pool_.emplace(object_size_, options, reclamation);
     }
   }
 
@@ -450,7 +458,7 @@ run_numbers run_burst(allocator_under_test& a, const config& cfg) {
 
 result run_one(mode m, workload w, const config& cfg, rss_sampler& rss) {
   domain reclamation;  // one per run: its stats and memory are this run's alone
-  allocator_under_test a(m, cfg.object_size, reclamation);
+  allocator_under_test a(m, cfg, reclamation);
   malloc_trim(0);
   const std::uint64_t rss_before = current_rss_bytes();
   rss.reset_peak();
@@ -492,6 +500,11 @@ result run_one(mode m, workload w, const config& cfg, rss_sampler& rss) {
   }
   const domain_stats ds = reclamation.stats();
   r.add("grace_periods", ds.grace_periods);
+  if (m == mode::malloc_retire || m == mode::call_rcu) {
+    r.add_na("caller_gp_threshold");
+  } else {
+    r.add("caller_gp_threshold", cfg.caller_gp_threshold);
+  }
   return r;
 }
 
@@ -509,6 +522,13 @@ void describe(options_spec& spec) {
                        "malloc-retire,call_rcu");
   spec.add_choice_list("workload", "all", {"pairs", "producer-consumer", "burst", "all"},
                        "workloads; all = pairs,producer-consumer,burst");
+  spec.add_count("caller-gp-threshold", pool_options{}.caller_gp_threshold,
+                 "pool modes: waiting objects per CPU cache above which the deallocating "
+                 "thread runs a grace period itself; 0: never (pool_options)");
+  spec.add_count("gp-request-threshold", 0,
+                 "pool modes: waiting objects per CPU cache above which the pool asks its "
+                 "domain for a grace period; 0: the pool's default, 2 x magazine capacity "
+                 "(pool_options)");
   spec.add_flag("affinity",
                 "pin worker t to CPU t mod the CPU count (producer-consumer: producer and "
                 "consumer of a pair on neighbouring CPUs); without it, where the scheduler "
@@ -525,6 +545,8 @@ int run(const parsed_options& options, reporter& out) {
   cfg.seconds = options.number("seconds");
   cfg.burst = options.count("burst");
   cfg.affinity = options.flag("affinity");
+  cfg.caller_gp_threshold = options.count("caller-gp-threshold");
+  cfg.gp_request_threshold = options.count("gp-request-threshold");
   if (cfg.burst < cfg.threads) throw usage_error("--burst: must be at least --threads");
   std::vector<mode> modes;
   for (const std::string& name : options.choice_list("mode")) {
