@@ -10,9 +10,10 @@
 //                        erases them. = 2 ops (htab-mem's op_cnt += 2).
 //   add_del_on_diff_cpu  htab-mem: threads in pairs (q = t/2, keys q, q+p/2, ...): the even
 //                        thread inserts the 64 keys (insert if absent, BPF_NOEXIST), the odd
-//                        one erases them, alternating through a two-thread std::barrier, so
-//                        allocation and free happen on different threads. Each side's batch
-//                        = 1 op. Needs an even number of producers.
+//                        one erases them, alternating through a two-thread hand-over that
+//                        spins, then yields (pair_handover), so allocation and free happen on
+//                        different threads. Each side's batch = 1 op. Needs an even number
+//                        of producers.
 //   lookup               N keys present (N = 10k and 1M, or --keys); uniform random visits.
 //   mixed                N keys, half present at the start; per operation 90% visit, 5%
 //                        insert if absent, 5% erase, uniform random keys.
@@ -95,7 +96,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -135,6 +135,35 @@ constexpr std::uint64_t kDefaultFootprintKeys = 1'000'000;
 constexpr std::uint64_t kDefaultDestroyElements = 10'000'000;
 constexpr std::uint64_t kMaxKeys = std::uint64_t{1} << 31;  // fast_rng::below()
 constexpr unsigned kMaxErrorMessages = 10;
+
+// add_del_on_diff_cpu's hand-over between the two threads of a pair: two arrivals end a
+// phase. Each side spins while its partner finishes a batch (microseconds), then yields its
+// core; it never sleeps in the kernel, whose wake-up per batch (std::barrier's futex) cost
+// more than the batch itself and drowned the maps' differences.
+class pair_handover {
+ public:
+  void arrive_and_wait() noexcept {
+    // AcqRel: publishes this side's batch and `done`, and sees the partner's if it arrived
+    // first; pairs with the partner's fetch_add and with the Acquire loads below.
+    const std::uint64_t before = arrivals_.fetch_add(1, std::memory_order_acq_rel);
+    const std::uint64_t phase_end = (before / 2 + 1) * 2;
+    // Acquire: the partner's arrival, with everything it wrote before it.
+    for (unsigned spins = 0; arrivals_.load(std::memory_order_acquire) < phase_end;) {
+      if (spins < kSpinsBeforeYield) {
+        ++spins;
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+ private:
+  static constexpr unsigned kSpinsBeforeYield = 4096;
+  std::atomic<std::uint64_t> arrivals_{0};
+};
 
 enum class use_case {
   overwrite,
@@ -620,7 +649,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
     const unsigned pairs = p / 2;
     r.keys = std::uint64_t{kBatch} * pairs;
     struct pair_state {
-      std::barrier<> sync{2};
+      pair_handover sync;
       bool done = false;  // written by the adder before a barrier phase, read after it
     };
     std::unique_ptr<pair_state[]> pair(new pair_state[pairs]);
