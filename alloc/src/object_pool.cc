@@ -1647,9 +1647,10 @@ void object_pool::deallocate_contended_slow(unsigned home, void* object) noexcep
     // Another CPU's cache costs a fence (A8), more than letting the holder run once.
     std::this_thread::yield();
     if (detail::rseq_push(caches_.get(), cache_mask_ + 1, target_offset(), object)) return;
-    // Still held, or its `freed` magazine is full and wants the slow path: the CPU's own
-    // cache first (no fence), so that a sealed magazine is not another CPU's to fill and a
-    // push does not stall that CPU's fast paths.
+    // Still held, or the push needs the slow path (its target magazine missing or full, or
+    // `pushed` at its limit): the cache of the CPU it runs on now comes first, with no
+    // fence. Another CPU's cache would cost that CPU an IPI and stall its fast paths, and
+    // the object would wait in that CPU's magazine instead of this one's.
     home = detail::current_cpu() & cache_mask_;
     first = 0;
   }

@@ -137,9 +137,10 @@ constexpr std::uint64_t kMaxKeys = std::uint64_t{1} << 31;  // fast_rng::below()
 constexpr unsigned kMaxErrorMessages = 10;
 
 // add_del_on_diff_cpu's hand-over between the two threads of a pair: two arrivals end a
-// phase. Each side spins while its partner finishes a batch (microseconds), then yields its
-// core; it never sleeps in the kernel, whose wake-up per batch (std::barrier's futex) cost
-// more than the batch itself and drowned the maps' differences.
+// phase. Each side spins while its partner finishes a batch (a few microseconds; the 4096
+// pauses last ~0.1-0.2 ms), then yields its core. It never sleeps in the kernel: a futex
+// wake-up per batch (std::barrier's) cost more than the batch and drowned the maps'
+// differences.
 class pair_handover {
  public:
   void arrive_and_wait() noexcept {
@@ -648,9 +649,9 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
   } else {  // add_del_on_diff_cpu
     const unsigned pairs = p / 2;
     r.keys = std::uint64_t{kBatch} * pairs;
-    struct pair_state {
+    struct alignas(64) pair_state {  // one cache line each: pairs spin apart
       pair_handover sync;
-      bool done = false;  // written by the adder before a barrier phase, read after it
+      bool done = false;  // written by the adder before a hand-over, read after it
     };
     std::unique_ptr<pair_state[]> pair(new pair_state[pairs]);
     r.fill_mib = signed_mib(anon_rss_bytes(), rss_empty);
@@ -660,15 +661,15 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
           pair_state& ps = pair[q];
           if (t % 2 == 0) {  // adder
             for (;;) {
-              // Relaxed: a stop request, see run_timed; the barrier hands the decision over.
+              // Relaxed: a stop request, see run_timed; the hand-over passes the decision on.
               if (stop.load(std::memory_order_relaxed)) {
                 ps.done = true;
                 ps.sync.arrive_and_wait();
                 return;
               }
               {
-                // Ends before the barrier: a thread waiting in a read section for its partner
-                // would hold back the grace periods the partner may wait for.
+                // Ends before the hand-over: a thread waiting in a read section for its
+                // partner would hold back the grace periods the partner may wait for.
                 const batch_section<Map> section(cfg);
                 for (unsigned i = 0; i < kBatch; ++i) {
                   const std::uint64_t key = htab_key(q, i, pairs);
@@ -688,7 +689,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
               ps.sync.arrive_and_wait();  // the adder has added (or is done)
               if (ps.done) return;
               {
-                const batch_section<Map> section(cfg);  // ends before the barrier, as above
+                const batch_section<Map> section(cfg);  // ends before the hand-over, as above
                 for (unsigned i = 0; i < kBatch; ++i) {
                   const std::uint64_t key = htab_key(q, i, pairs);
                   if (!map.erase(key)) [[unlikely]] {

@@ -116,9 +116,13 @@
 //        release store (A2) is seen by later sequences with the holder's changes, in order.
 //
 // Progress guarantees: allocate() and deallocate() never wait for another thread. A thread
-// that finds its CPU's cache held yields once (with restartable sequences, then tries its
-// CPU's cache again, which needs no fence), tries the other caches once each, then takes the
-// lock-free fallback (a chunk's free slots or a new chunk, or retire() for a free). The chunk lock is
+// that finds its CPU's cache held takes a bounded detour, then the lock-free fallback (a
+// chunk's free slots or a new chunk, or retire() for a free):
+//   - allocate() yields once, tries a restartable sequence (with them), then every cache
+//     once, starting with the cache of the CPU it runs on after the yield;
+//   - deallocate() with restartable sequences does the same;
+//   - deallocate() without them tries every other cache once at once, no yield.
+// A cache taken from another CPU than its own costs a fence (A8). The chunk lock is
 // only ever tried: a refill that finds it held cuts a new chunk, a release defers (P6). The
 // slow paths may call the system allocator and, on the caller-driven grace-period path,
 // synchronize() outside any read section.
