@@ -216,6 +216,8 @@ class allocator_under_test {
     return true;
   }
   mode which() const { return mode_; }
+  // The pool under test; nullptr in the malloc modes.
+  const object_pool* pool() const { return pool_ ? &*pool_ : nullptr; }
 
  private:
   mode mode_;
@@ -500,10 +502,10 @@ result run_one(mode m, workload w, const config& cfg, rss_sampler& rss) {
   }
   const domain_stats ds = reclamation.stats();
   r.add("grace_periods", ds.grace_periods);
-  if (m == mode::malloc_retire || m == mode::call_rcu) {
-    r.add_na("caller_gp_threshold");
+  if (const object_pool* pool = a.pool()) {
+    r.add("caller_gp_threshold", std::uint64_t{pool->options().caller_gp_threshold});
   } else {
-    r.add("caller_gp_threshold", cfg.caller_gp_threshold);
+    r.add_na("caller_gp_threshold");
   }
   return r;
 }
