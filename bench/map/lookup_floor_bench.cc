@@ -8,9 +8,10 @@
 //                        (Shalev & Shavit's order, grace before session 11), or multiplied by
 //                        2^64/phi (grace's order since): what computing the key costs
 //   BM_chain_in_read_section   the same walk inside grace::pin(), one per lookup (liburcu's read
-//                        side, through the shared library as grace is built by default)
-//   BM_chain_in_urcu_read_section   the same with liburcu's urcu_memb_read_lock/unlock alone:
-//                        what of the read section's cost is liburcu's
+//                        side, inlined)
+//   BM_chain_in_urcu_read_section   the same with liburcu's urcu_memb_read_lock/unlock called
+//                        through the shared library, as grace called them until it inlined
+//                        them: what the calls cost
 //   BM_grace_visit       grace::hash_map::visit() on the same keys and values
 //   BM_libcuckoo_find    libcuckoo's find_fn() on the same keys and values, built as grace-bench
 //                        map builds it (when libcuckoo is installed): the peer whose buckets

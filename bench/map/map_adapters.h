@@ -40,8 +40,9 @@
 //   cds_lfht     liburcu 0.13 rculfhash, urcu-memb flavor, AUTO_RESIZE | ACCOUNTING; malloc'd
 //                (new'd) nodes embedding cds_lfht_node + rcu_head, deleted through
 //                call_rcu();
-//                every operation under urcu_memb_read_lock() (its own, or its batch's:
-//                see batch_scope below); registered threads
+//                every operation under liburcu's read lock (its own, or its batch's:
+//                see batch_scope below), inlined from <urcu/static/urcu-memb.h> as grace
+//                inlines it, so both RCU maps pay the same read section; registered threads
 //   absl_sharded absl::flat_hash_map behind 64 absl::Mutex shards (readers take the shard
 //                lock shared)
 //   absl_single  one absl::flat_hash_map, no lock: the single-thread reference (-p 1 only)
@@ -69,6 +70,7 @@
 
 #if GRACE_BENCH_HAVE_CDS_LFHT
 #include <urcu/urcu-memb.h>
+#include <urcu/static/urcu-memb.h>
 // rculfhash.h needs a flavor header first (above).
 #include <urcu/rculfhash.h>
 #endif
@@ -176,12 +178,12 @@ class cds_lfht_map_of {
   class batch_scope {
    public:
     batch_scope() {
-      urcu_memb_read_lock();
+      _urcu_memb_read_lock();
       ++batch_depth;
     }
     ~batch_scope() {
       --batch_depth;
-      urcu_memb_read_unlock();
+      _urcu_memb_read_unlock();
     }
     batch_scope(const batch_scope&) = delete;
     batch_scope& operator=(const batch_scope&) = delete;
@@ -202,13 +204,13 @@ class cds_lfht_map_of {
   // measurement.
   ~cds_lfht_map_of() {
     cds_lfht_iter iter;
-    urcu_memb_read_lock();
+    _urcu_memb_read_lock();
     cds_lfht_first(table_, &iter);
     while (cds_lfht_node* n = cds_lfht_iter_get_node(&iter)) {
       cds_lfht_next(table_, &iter);
       if (cds_lfht_del(table_, n) == 0) urcu_memb_call_rcu(&node_of(n)->head, &free_node);
     }
-    urcu_memb_read_unlock();
+    _urcu_memb_read_unlock();
     (void)cds_lfht_destroy(table_, nullptr);
     urcu_memb_barrier();
   }
@@ -268,10 +270,10 @@ class cds_lfht_map_of {
   class op_section {
    public:
     op_section() {
-      if (batch_depth == 0) urcu_memb_read_lock();
+      if (batch_depth == 0) _urcu_memb_read_lock();
     }
     ~op_section() {
-      if (batch_depth == 0) urcu_memb_read_unlock();
+      if (batch_depth == 0) _urcu_memb_read_unlock();
     }
     op_section(const op_section&) = delete;
     op_section& operator=(const op_section&) = delete;

@@ -1,19 +1,12 @@
-// grace::pin() cost. Built twice (bench/CMakeLists.txt): pin_bench calls liburcu's read side
-// through the shared library; pin_bench_lgpl_inline links a variant of grace::reclaim built
-// with _LGPL_SOURCE, so urcu_memb_read_lock/unlock are inlined. Each benchmark's label names
-// the variant.
+// grace::pin() cost, against liburcu's read lock and unlock alone: inlined as grace inlines
+// them, and called through the shared library as a program that includes <urcu/urcu-memb.h>
+// without _LGPL_SOURCE does.
 #include <benchmark/benchmark.h>
 
 #include "grace/reclaim/domain.h"
 #include "grace/reclaim/read_guard.h"
 
 namespace {
-
-#ifdef _LGPL_SOURCE
-constexpr const char* kVariant = "lgpl_inline";
-#else
-constexpr const char* kVariant = "library_call";
-#endif
 
 // Registers the calling thread with liburcu the way grace does (lazily, on the first pin), so
 // the raw reference below can use urcu_memb_read_lock without registering a second time.
@@ -26,7 +19,6 @@ void BM_pin(benchmark::State& state) {
     auto g = grace::pin();
     benchmark::ClobberMemory();
   }
-  state.SetLabel(kVariant);
 }
 BENCHMARK(BM_pin)->Threads(1)->Threads(2);
 
@@ -38,7 +30,6 @@ void BM_domain_pin(benchmark::State& state) {
     auto g = d.pin();
     benchmark::ClobberMemory();
   }
-  state.SetLabel(kVariant);
 }
 BENCHMARK(BM_domain_pin);
 
@@ -49,7 +40,6 @@ void BM_pin_nested(benchmark::State& state) {
     auto g = grace::pin();
     benchmark::ClobberMemory();
   }
-  state.SetLabel(kVariant);
 }
 BENCHMARK(BM_pin_nested);
 
@@ -61,21 +51,30 @@ void BM_pin_outer_and_nested(benchmark::State& state) {
     auto inner = grace::pin();
     benchmark::ClobberMemory();
   }
-  state.SetLabel(kVariant);
 }
 BENCHMARK(BM_pin_outer_and_nested);
 
-// Reference: liburcu's read lock and unlock with nothing around them (inlined in the
-// lgpl_inline build, library calls otherwise).
-void BM_urcu_read_lock_unlock(benchmark::State& state) {
+// Reference: liburcu's read lock and unlock with nothing around them, inlined from
+// <urcu/static/urcu-memb.h> as grace's read_guard inlines them.
+void BM_urcu_read_lock_unlock_inlined(benchmark::State& state) {
+  ensure_registered();
+  for (auto _ : state) {
+    _urcu_memb_read_lock();
+    benchmark::ClobberMemory();
+    _urcu_memb_read_unlock();
+  }
+}
+BENCHMARK(BM_urcu_read_lock_unlock_inlined)->Threads(1)->Threads(2);
+
+// Reference: the same through liburcu-memb.so, as grace called it before it inlined them.
+void BM_urcu_read_lock_unlock_library_call(benchmark::State& state) {
   ensure_registered();
   for (auto _ : state) {
     urcu_memb_read_lock();
     benchmark::ClobberMemory();
     urcu_memb_read_unlock();
   }
-  state.SetLabel(kVariant);
 }
-BENCHMARK(BM_urcu_read_lock_unlock)->Threads(1)->Threads(2);
+BENCHMARK(BM_urcu_read_lock_unlock_library_call)->Threads(1)->Threads(2);
 
 }  // namespace

@@ -11,11 +11,9 @@
 #include "reclaim_engine_internal.h"
 
 // fork(): struct urcu_reader and the urcu_memb_reader thread_local, so that the child can take
-// dead threads out of liburcu's registry (forget_other_threads_after_fork_child). The one
-// grace file besides detail/urcu.h that includes liburcu, and only for that: it depends on
-// the layout of struct urcu_reader, so grace is rebuilt with each liburcu release (as
-// GRACE_URCU_LGPL_INLINE builds are anyway). It calls none of the header's inline functions
-// but cds_list_del(), two stores.
+// dead threads out of liburcu's registry (forget_other_threads_after_fork_child). The layout
+// of struct urcu_reader is liburcu's (detail/urcu.h's inlined read side depends on it too), so
+// grace is rebuilt with each liburcu release. The child calls cds_list_del(), two stores.
 #include <urcu/static/urcu-memb.h>
 
 namespace grace::detail {
@@ -120,9 +118,8 @@ void unregister_at_thread_exit(void*) {
                  "grace: a thread exited inside a read section (%u read_guard(s) still held); "
                  "ending the section so grace periods can complete.\n",
                  reader.nesting);
-    reader.nesting = 0;
-    grace_period_reader_exit();  // TSan: as in read_unlock()
-    urcu_memb_read_unlock();
+    reader.nesting = 1;
+    read_unlock();  // as the outermost guard's end would
   }
   if (reader.has_deferred_work) run_deferred_work_slow();
   {
@@ -132,6 +129,26 @@ void unregister_at_thread_exit(void*) {
     unlink_thread_record();
   }
   reader.registered = false;
+}
+
+// The read side that detail/urcu.h inlines reads and writes liburcu's reader state by the
+// layout of the headers grace was built with. A liburcu whose layout differs would leave
+// readers invisible to grace periods, so each thread checks, once, that a section entered
+// through the library shows in the inlined view and one entered inline shows in the library's.
+void check_inlined_read_side_matches_library() noexcept {
+  const liburcu_accesses hidden_from_tsan;
+  urcu_memb_read_lock();
+  const bool inline_sees_library = _urcu_memb_read_ongoing() != 0;
+  urcu_memb_read_unlock();
+  _urcu_memb_read_lock();
+  const bool library_sees_inline = urcu_memb_read_ongoing() != 0;
+  _urcu_memb_read_unlock();
+  if (!inline_sees_library || !library_sees_inline || urcu_memb_read_ongoing() != 0) {
+    std::fprintf(stderr,
+                 "grace: liburcu-memb's reader state does not have the layout grace was built "
+                 "with; rebuild grace against the installed liburcu\n");
+    std::abort();
+  }
 }
 
 pthread_key_t registration_key() noexcept {
@@ -161,6 +178,7 @@ void register_thread_slow() noexcept {
     // fork(): liburcu's registry lock and our list, never mid-change.
     fork_gate_scope gate(fork_gate::registry);
     urcu_memb_register_thread();
+    check_inlined_read_side_matches_library();
     link_thread_record();
     // Inside the gate: fork() never copies a thread that is creating the key (the static's
     // guard, which the child would wait on for ever).

@@ -166,6 +166,31 @@ TEST(ReadGuard, OuterGuardHoldsGracePeriodsAfterTheInnerGuardEnds) {
   });
 }
 
+// grace inlines liburcu's read lock and unlock: a program that also takes liburcu's read lock
+// itself shares one nesting count with grace's guards, in either order.
+TEST(ReadGuard, ALiburcuReadLockAroundAGuardHoldsGracePeriodsAfterTheGuardEnds) {
+  grace::domain d;
+  expect_synchronize_waits_for(d, [](const section_body& body) {
+    { auto registers_this_thread = grace::pin(); }
+    urcu_memb_read_lock();
+    { auto inner = grace::pin(); }
+    EXPECT_TRUE(urcu_memb_read_ongoing());
+    body();
+    urcu_memb_read_unlock();
+  });
+}
+
+TEST(ReadGuard, AGuardAroundALiburcuReadLockHoldsGracePeriodsAfterTheLockEnds) {
+  grace::domain d;
+  expect_synchronize_waits_for(d, [](const section_body& body) {
+    auto outer = grace::pin();
+    urcu_memb_read_lock();
+    urcu_memb_read_unlock();
+    EXPECT_TRUE(urcu_memb_read_ongoing());
+    body();
+  });
+}
+
 TEST(ReadGuard, DomainPinHoldsGracePeriods) {
   grace::domain d;
   expect_synchronize_waits_for(d, [&d](const section_body& body) {

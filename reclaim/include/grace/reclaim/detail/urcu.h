@@ -2,14 +2,19 @@
 //
 // The only grace header that includes liburcu, and the per-thread reader state.
 //
-// It never defines _LGPL_SOURCE itself: that is the application's license decision. With the
-// CMake option GRACE_URCU_LGPL_INLINE=ON, _LGPL_SOURCE is defined for every user of
-// grace::reclaim and liburcu's read side is inlined; otherwise urcu_memb_read_lock/unlock are
-// calls into the shared library. Without URCU_API_MAP, liburcu's rcu_* macros are cleared at
-// the end of <urcu/urcu-memb.h>, so none leak into the application.
+// grace's read side is liburcu's own, inlined: _urcu_memb_read_lock() and
+// _urcu_memb_read_unlock() from <urcu/static/urcu-memb.h>. liburcu writes them to meet
+// LGPL-2.1's ten-line criterion (section 5: object code that uses a library header's data
+// layouts and inline functions of ten lines or less is unrestricted) so that code under any
+// license may inline them; their header says so. _LGPL_SOURCE stays undefined: every other
+// liburcu function grace calls goes through the shared library, and none of liburcu's rcu_*
+// macros leak into the application (without URCU_API_MAP, <urcu/urcu-memb.h> clears them).
+// The inlined code depends on the layout of liburcu's reader state, so grace is rebuilt with
+// each liburcu release; register_thread_slow() checks the layout against the library's.
 #pragma once
 
 #include <urcu/urcu-memb.h>
+#include <urcu/static/urcu-memb.h>
 
 #include <cstdint>
 
@@ -40,14 +45,20 @@ inline void read_lock() noexcept {
   if (!reader.registered) [[unlikely]] register_thread_slow();
   // liburcu's read lock orders the section's loads after it (memb: compiler barrier, paired
   // with sys_membarrier in synchronize_rcu); nested guards need no second entry.
-  if (reader.nesting++ == 0) urcu_memb_read_lock();
+  if (reader.nesting++ == 0) {
+    const liburcu_accesses hidden_from_tsan;
+    _urcu_memb_read_lock();
+  }
 }
 
 inline void read_unlock() noexcept {
   reader_state& reader = tls_reader;
   if (--reader.nesting == 0) {
     grace_period_reader_exit();  // TSan: the section's accesses precede the grace period's end
-    urcu_memb_read_unlock();
+    {
+      const liburcu_accesses hidden_from_tsan;
+      _urcu_memb_read_unlock();  // orders the section before it (pairs as the lock does)
+    }
     if (reader.has_deferred_work) [[unlikely]] run_deferred_work_slow();
   }
 }
