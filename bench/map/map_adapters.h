@@ -30,7 +30,7 @@
 // batch_scope: the htab-mem cases run each batch of 64 operations the way the kernel's BPF
 // program does, inside one RCU read section (--read-sections batch, the default). For the
 // RCU maps it enters one, and their operations nest inside it: grace's cost a thread-local
-// increment; cds_lfht's skip their own urcu_memb_read_lock(), as a cds_lfht caller holding
+// increment; cds_lfht's skip their own _urcu_memb_read_lock(), as a cds_lfht caller holding
 // the lock around a batch would write them. The other maps take no read section at all.
 //
 // Peers (Value: value64, or std::string with --value string):

@@ -1,7 +1,8 @@
 // grace::pin() cost, against liburcu's read lock and unlock alone: inlined as grace inlines
-// them, and called through the shared library as a program that includes <urcu/urcu-memb.h>
-// without _LGPL_SOURCE does.
+// them (unless built with GRACE_URCU_INLINE_READ_SIDE=OFF), and called through the shared
+// library as a program that includes <urcu/urcu-memb.h> without _LGPL_SOURCE does.
 #include <benchmark/benchmark.h>
+#include <urcu/static/urcu-memb.h>
 
 #include "grace/reclaim/domain.h"
 #include "grace/reclaim/read_guard.h"

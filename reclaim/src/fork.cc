@@ -154,7 +154,7 @@ void for_each_engine(Fn fn) noexcept {
 // --- the handlers -----------------------------------------------------------------------------
 
 void prepare_fork() noexcept {
-  if (tls_reader.nesting != 0) {
+  if (in_read_section()) {
     die("grace: fork() called inside a read section: fork() waits for the grace periods in "
         "flight, and they wait for this thread's read_guard. Destroy every read_guard (and "
         "pinned view) of the thread before fork(); posix_spawn() does not need it.\n");

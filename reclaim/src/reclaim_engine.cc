@@ -196,7 +196,7 @@ void reclaim_engine::check_limits_after_submit() noexcept {
   }
   // A deleter must never wait: on the worker it would wait for itself.
   if (tls_reader.running_deleters) return;
-  if (tls_reader.nesting != 0) {
+  if (in_read_section()) {
     defer_backpressure_wait(this);  // never wait inside a read section
   } else {
     backpressure_wait();
@@ -616,7 +616,7 @@ void reclaim_engine::emergency_reclaim(void* object, void (*deleter)(void*),
   emergency_frees_.fetch_add(1, std::memory_order_relaxed);
   retired_objects_.fetch_add(1, std::memory_order_relaxed);
   retired_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  if (tls_reader.nesting == 0) {
+  if (!in_read_section()) {
     run_grace_period();
     {
       deleter_scope running;
@@ -646,7 +646,7 @@ void reclaim_engine::emergency_done(std::size_t bytes) noexcept {
 }
 
 void reclaim_engine::barrier() {
-  if (tls_reader.nesting != 0) {
+  if (in_read_section()) {
     throw std::logic_error(
         "grace::domain::barrier() called inside a read section: it would wait for the "
         "caller's own read_guard. Call it after the guard is destroyed.");

@@ -11,9 +11,9 @@
 #include "reclaim_engine_internal.h"
 
 // fork(): struct urcu_reader and the urcu_memb_reader thread_local, so that the child can take
-// dead threads out of liburcu's registry (forget_other_threads_after_fork_child). The layout
-// of struct urcu_reader is liburcu's (detail/urcu.h's inlined read side depends on it too), so
-// grace is rebuilt with each liburcu release. The child calls cds_list_del(), two stores.
+// dead threads out of liburcu's registry (forget_other_threads_after_fork_child) with
+// cds_list_del(), two stores. It depends on the layout of struct urcu_reader, like the
+// inlined read side, so grace is rebuilt with each liburcu release.
 #include <urcu/static/urcu-memb.h>
 
 namespace grace::detail {
@@ -131,25 +131,44 @@ void unregister_at_thread_exit(void*) {
   reader.registered = false;
 }
 
+#if !GRACE_URCU_LIBRARY_READ_SIDE
 // The read side that detail/urcu.h inlines reads and writes liburcu's reader state by the
-// layout of the headers grace was built with. A liburcu whose layout differs would leave
-// readers invisible to grace periods, so each thread checks, once, that a section entered
-// through the library shows in the inlined view and one entered inline shows in the library's.
+// layout of the headers grace was built with; liburcu keeps that layout within a major
+// version (its soname, liburcu-memb.so.8 for 0.13), and grace is rebuilt with each release. A
+// smoke test of that, once per thread: a section entered through the library must show in
+// the inlined view of the thread's counter, and one entered inline in the library's. It sees
+// only the counter word, not the grace-period word's other fields.
 void check_inlined_read_side_matches_library() noexcept {
   const liburcu_accesses hidden_from_tsan;
+  if (_urcu_memb_read_ongoing() != 0) {
+    std::fprintf(stderr,
+                 "grace: the thread holds liburcu's read lock before its first read_guard; "
+                 "take urcu_memb_read_lock() after grace has registered the thread (after its "
+                 "first grace::pin())\n");
+    std::abort();
+  }
   urcu_memb_read_lock();
   const bool inline_sees_library = _urcu_memb_read_ongoing() != 0;
   urcu_memb_read_unlock();
+  const bool inline_sees_library_end = _urcu_memb_read_ongoing() == 0;
   _urcu_memb_read_lock();
   const bool library_sees_inline = urcu_memb_read_ongoing() != 0;
   _urcu_memb_read_unlock();
-  if (!inline_sees_library || !library_sees_inline || urcu_memb_read_ongoing() != 0) {
+  const bool library_sees_inline_end = urcu_memb_read_ongoing() == 0;
+  if (!inline_sees_library || !inline_sees_library_end || !library_sees_inline ||
+      !library_sees_inline_end) {
     std::fprintf(stderr,
                  "grace: liburcu-memb's reader state does not have the layout grace was built "
-                 "with; rebuild grace against the installed liburcu\n");
+                 "with (inlined view of a library section: entered %d, left %d; library view "
+                 "of an inlined section: entered %d, left %d); rebuild grace against the "
+                 "installed liburcu\n",
+                 inline_sees_library, inline_sees_library_end, library_sees_inline,
+                 library_sees_inline_end);
     std::abort();
   }
 }
+
+#endif
 
 pthread_key_t registration_key() noexcept {
   static const pthread_key_t key = [] {
@@ -178,7 +197,9 @@ void register_thread_slow() noexcept {
     // fork(): liburcu's registry lock and our list, never mid-change.
     fork_gate_scope gate(fork_gate::registry);
     urcu_memb_register_thread();
+#if !GRACE_URCU_LIBRARY_READ_SIDE
     check_inlined_read_side_matches_library();
+#endif
     link_thread_record();
     // Inside the gate: fork() never copies a thread that is creating the key (the static's
     // guard, which the child would wait on for ever).
@@ -212,6 +233,9 @@ void defer_grace_period(reclaim_engine* engine) noexcept {
 }
 
 void run_deferred_work_slow() noexcept {
+  // The outermost guard ended inside liburcu's read lock that the program took itself: the
+  // work would wait for that section. It stays due until a guard ends outside it.
+  if (liburcu_read_ongoing()) return;
   deferred_work& work = tls_deferred;
   tls_reader.has_deferred_work = false;
   // Copy first: deleters may pin and retire, adding new deferred work.

@@ -191,6 +191,40 @@ TEST(ReadGuard, AGuardAroundALiburcuReadLockHoldsGracePeriodsAfterTheLockEnds) {
   });
 }
 
+TEST(ReadGuard, TheProgramsOwnLiburcuReadLockCountsAsAReadSection) {
+  { auto registers_this_thread = grace::pin(); }
+  EXPECT_FALSE(grace::in_read_section());
+  urcu_memb_read_lock();
+  EXPECT_TRUE(grace::in_read_section());
+  urcu_memb_read_unlock();
+  EXPECT_FALSE(grace::in_read_section());
+}
+
+TEST(ReadGuard, SynchronizeAndBarrierInsideTheProgramsOwnLiburcuReadLockThrowInsteadOfWaiting) {
+  grace::domain d;
+  { auto registers_this_thread = grace::pin(); }
+  gt::watchdog dog(kNoDeadlock, "synchronize() inside the program's own liburcu read lock");
+  urcu_memb_read_lock();
+  EXPECT_THROW(d.synchronize(), std::logic_error);
+  EXPECT_THROW(d.barrier(), std::logic_error);
+  urcu_memb_read_unlock();
+}
+
+TEST(ReadGuard, AGraceWaitDueAtAGuardsEndInsideTheProgramsLiburcuReadLockWaitsForTheNextGuard) {
+  grace::domain d;
+  { auto registers_this_thread = grace::pin(); }
+  gt::watchdog dog(kNoDeadlock, "a deferred grace period inside liburcu's read lock");
+  const auto before = d.stats().grace_periods;
+  urcu_memb_read_lock();
+  {
+    auto g = grace::pin();
+    d.synchronize_when_unpinned();
+  }  // would wait for the section around it
+  urcu_memb_read_unlock();
+  { auto next = grace::pin(); }  // its end runs the grace period that was due
+  EXPECT_GT(d.stats().grace_periods, before);
+}
+
 TEST(ReadGuard, DomainPinHoldsGracePeriods) {
   grace::domain d;
   expect_synchronize_waits_for(d, [&d](const section_body& body) {

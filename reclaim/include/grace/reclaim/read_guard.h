@@ -35,7 +35,9 @@ class [[nodiscard]] read_guard {
 // from liburcu), so one guard protects objects of every domain.
 [[nodiscard]] inline read_guard pin() noexcept { return read_guard(); }
 
-// True while the calling thread holds at least one read_guard.
-inline bool in_read_section() noexcept { return detail::tls_reader.nesting != 0; }
+// True while the calling thread holds at least one read_guard, or liburcu's read lock
+// (urcu_memb_read_lock()) that the program took itself: grace's guards and liburcu's lock
+// nest in one another, and either holds back every grace period.
+inline bool in_read_section() noexcept { return detail::in_read_section(); }
 
 }  // namespace grace
