@@ -41,8 +41,9 @@
 //                (new'd) nodes embedding cds_lfht_node + rcu_head, deleted through
 //                call_rcu();
 //                every operation under liburcu's read lock (its own, or its batch's:
-//                see batch_scope below), inlined from <urcu/static/urcu-memb.h> as grace
-//                inlines it, so both RCU maps pay the same read section; registered threads
+//                see batch_scope below), liburcu's own inline functions from
+//                <urcu/static/urcu-memb.h>, so that both RCU maps pay an inline read
+//                section (grace's speaks the same protocol); registered threads
 //   absl_sharded absl::flat_hash_map behind 64 absl::Mutex shards (readers take the shard
 //                lock shared)
 //   absl_single  one absl::flat_hash_map, no lock: the single-thread reference (-p 1 only)

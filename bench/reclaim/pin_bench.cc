@@ -1,6 +1,7 @@
-// grace::pin() cost, against liburcu's read lock and unlock alone: inlined as grace inlines
-// them (unless built with GRACE_URCU_INLINE_READ_SIDE=OFF), and called through the shared
-// library as a program that includes <urcu/urcu-memb.h> without _LGPL_SOURCE does.
+// grace::pin() cost (grace speaking liburcu's reader protocol inline, unless built with
+// GRACE_URCU_INLINE_READ_SIDE=OFF), against liburcu's read lock and unlock alone: its own
+// inline functions from <urcu/static/urcu-memb.h>, and the calls into the shared library
+// that a program including <urcu/urcu-memb.h> without _LGPL_SOURCE makes.
 #include <benchmark/benchmark.h>
 #include <urcu/static/urcu-memb.h>
 
@@ -55,8 +56,8 @@ void BM_pin_outer_and_nested(benchmark::State& state) {
 }
 BENCHMARK(BM_pin_outer_and_nested);
 
-// Reference: liburcu's read lock and unlock with nothing around them, inlined from
-// <urcu/static/urcu-memb.h> as grace's read_guard inlines them.
+// Reference: liburcu's read lock and unlock with nothing around them, its own inline
+// functions from <urcu/static/urcu-memb.h> (what _LGPL_SOURCE code gets).
 void BM_urcu_read_lock_unlock_inlined(benchmark::State& state) {
   ensure_registered();
   for (auto _ : state) {
@@ -67,7 +68,7 @@ void BM_urcu_read_lock_unlock_inlined(benchmark::State& state) {
 }
 BENCHMARK(BM_urcu_read_lock_unlock_inlined)->Threads(1)->Threads(2);
 
-// Reference: the same through liburcu-memb.so, as grace called it before it inlined them.
+// Reference: the same through liburcu-memb.so, as grace called them until session 17.
 void BM_urcu_read_lock_unlock_library_call(benchmark::State& state) {
   ensure_registered();
   for (auto _ : state) {

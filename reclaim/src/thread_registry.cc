@@ -1,10 +1,13 @@
 // Lazy liburcu registration, unregistration at thread exit, and per-thread deferred work.
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 
 #include "grace/reclaim/detail/urcu.h"
 #include "fork_internal.h"
@@ -132,15 +135,30 @@ void unregister_at_thread_exit(void*) {
 }
 
 #if !GRACE_URCU_LIBRARY_READ_SIDE
-// The read side that detail/urcu.h inlines reads and writes liburcu's reader state by the
-// layout of the headers grace was built with; liburcu keeps that layout within a major
-// version (its soname, liburcu-memb.so.8 for 0.13), and grace is rebuilt with each release. A
-// smoke test of that, once per thread: a section entered through the library must show in
-// the inlined view of the thread's counter, and one entered inline in the library's. It sees
-// only the counter word, not the grace-period word's other fields.
-void check_inlined_read_side_matches_library() noexcept {
-  const liburcu_accesses hidden_from_tsan;
-  if (_urcu_memb_read_ongoing() != 0) {
+// detail/urcu.h speaks liburcu-memb's reader protocol on these fields and constants.
+static_assert(kLiburcuNestingOne == URCU_GP_COUNT && kLiburcuNestingMask == URCU_GP_CTR_NEST_MASK,
+              "liburcu's reader counter has another format than detail/urcu.h assumes");
+static_assert(std::is_same_v<decltype(urcu_reader::ctr), unsigned long> &&
+                  std::is_same_v<decltype(urcu_gp::ctr), unsigned long> &&
+                  std::is_same_v<decltype(urcu_gp::futex), std::int32_t>,
+              "liburcu's reader state has other field types than detail/urcu.h assumes");
+
+void locate_liburcu_reader_state() noexcept {
+  reader_state& reader = tls_reader;
+  reader.liburcu_count = &urcu_memb_reader.ctr;
+  reader.liburcu_phase = &urcu_memb_gp.ctr;
+  reader.liburcu_waiter = &urcu_memb_gp.futex;
+  // Set by liburcu's constructor (or the registration) before any reader runs; never changes.
+  reader.liburcu_readers_fence = urcu_memb_has_sys_membarrier == 0;
+}
+
+// The static_asserts check the headers grace was built with; liburcu keeps its layout within
+// a major version (the soname, liburcu-memb.so.8 for 0.13), and grace is rebuilt with each
+// release. A smoke test of the library it runs with, once per thread: a section entered
+// through the library must show in grace's view of the thread's counter, and one grace
+// enters must show in the library's. It sees only the counter, not the grace-period word.
+void check_read_side_matches_library() noexcept {
+  if (liburcu_read_ongoing()) {
     std::fprintf(stderr,
                  "grace: the thread holds liburcu's read lock before its first read_guard; "
                  "take urcu_memb_read_lock() after grace has registered the thread (after its "
@@ -148,26 +166,25 @@ void check_inlined_read_side_matches_library() noexcept {
     std::abort();
   }
   urcu_memb_read_lock();
-  const bool inline_sees_library = _urcu_memb_read_ongoing() != 0;
+  const bool grace_sees_library = liburcu_read_ongoing();
   urcu_memb_read_unlock();
-  const bool inline_sees_library_end = _urcu_memb_read_ongoing() == 0;
-  _urcu_memb_read_lock();
-  const bool library_sees_inline = urcu_memb_read_ongoing() != 0;
-  _urcu_memb_read_unlock();
-  const bool library_sees_inline_end = urcu_memb_read_ongoing() == 0;
-  if (!inline_sees_library || !inline_sees_library_end || !library_sees_inline ||
-      !library_sees_inline_end) {
+  const bool grace_sees_library_end = !liburcu_read_ongoing();
+  liburcu_read_lock();
+  const bool library_sees_grace = urcu_memb_read_ongoing() != 0;
+  liburcu_read_unlock();
+  const bool library_sees_grace_end = urcu_memb_read_ongoing() == 0;
+  if (!grace_sees_library || !grace_sees_library_end || !library_sees_grace ||
+      !library_sees_grace_end) {
     std::fprintf(stderr,
                  "grace: liburcu-memb's reader state does not have the layout grace was built "
-                 "with (inlined view of a library section: entered %d, left %d; library view "
-                 "of an inlined section: entered %d, left %d); rebuild grace against the "
-                 "installed liburcu\n",
-                 inline_sees_library, inline_sees_library_end, library_sees_inline,
-                 library_sees_inline_end);
+                 "with (grace's view of a library section: entered %d, left %d; the library's "
+                 "view of grace's: entered %d, left %d); rebuild grace against the installed "
+                 "liburcu\n",
+                 grace_sees_library, grace_sees_library_end, library_sees_grace,
+                 library_sees_grace_end);
     std::abort();
   }
 }
-
 #endif
 
 pthread_key_t registration_key() noexcept {
@@ -198,7 +215,8 @@ void register_thread_slow() noexcept {
     fork_gate_scope gate(fork_gate::registry);
     urcu_memb_register_thread();
 #if !GRACE_URCU_LIBRARY_READ_SIDE
-    check_inlined_read_side_matches_library();
+    locate_liburcu_reader_state();
+    check_read_side_matches_library();
 #endif
     link_thread_record();
     // Inside the gate: fork() never copies a thread that is creating the key (the static's
@@ -209,6 +227,15 @@ void register_thread_slow() noexcept {
   pthread_setspecific(key, &tls_reader);
   tls_reader.registered = true;
 }
+
+#if !GRACE_URCU_LIBRARY_READ_SIDE
+void wake_grace_period_slow(std::int32_t* waiter) noexcept {
+  // Relaxed, as liburcu's own unlock: the waiter re-checks every reader after it wakes.
+  std::atomic_ref<std::int32_t>(*waiter).store(0, std::memory_order_relaxed);
+  // liburcu waits with a process-shared FUTEX_WAIT, so the wake must not be _PRIVATE.
+  syscall(SYS_futex, waiter, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+#endif
 
 bool defer_emergency_reclaim(reclaim_engine* engine, void* object, void (*deleter)(void*),
                              std::size_t bytes) noexcept {

@@ -10,9 +10,6 @@
 //     sys_membarrier(). So TSan sees no edge from a reader's last access to an object to the
 //     code that destroys or reuses the object after a grace period, and reports a race.
 //     grace_period_reader_exit() and grace_period_elapsed() below supply that edge.
-//     liburcu's read lock/unlock, inlined into grace's instrumented code, keep their accesses
-//     hidden from TSan as they were inside the uninstrumented library (liburcu_accesses
-//     below): they are liburcu's protocol, ordered by sys_membarrier(), not grace's.
 //   - Fences. TSan does not model std::atomic_thread_fence. Each fence is written through
 //     atomic_fence() with a `// TSan:` comment. Where the fence carries a happens-before
 //     edge (a release or acquire fence), the atomic operation it orders takes its order from
@@ -35,10 +32,6 @@
 
 #if GRACE_TSAN
 #include <sanitizer/tsan_interface.h>
-// The runtime's own entry points (GCC's and clang's TSan both export them); not declared in
-// <sanitizer/tsan_interface.h>.
-extern "C" void __tsan_ignore_thread_begin();
-extern "C" void __tsan_ignore_thread_end();
 #endif
 
 namespace grace::detail {
@@ -100,25 +93,5 @@ inline void grace_period_elapsed() noexcept {
   __tsan_acquire(&grace_period_sync);
 #endif
 }
-
-// Hides the calling thread's memory accesses (not its synchronization) from TSan while it
-// lives: around liburcu's inlined read lock and unlock, whose volatile accesses to the
-// thread's counter and the grace-period futex word TSan would otherwise pair with other
-// readers' as races. The library's own copy of the same code is not instrumented either.
-class liburcu_accesses {
- public:
-  liburcu_accesses() noexcept {
-#if GRACE_TSAN
-    __tsan_ignore_thread_begin();
-#endif
-  }
-  ~liburcu_accesses() {
-#if GRACE_TSAN
-    __tsan_ignore_thread_end();
-#endif
-  }
-  liburcu_accesses(const liburcu_accesses&) = delete;
-  liburcu_accesses& operator=(const liburcu_accesses&) = delete;
-};
 
 }  // namespace grace::detail

@@ -2,27 +2,25 @@
 //
 // The only grace header that includes liburcu, and the per-thread reader state.
 //
-// grace's read side is liburcu's own read lock and unlock, inlined by default:
-// _urcu_memb_read_lock(), _urcu_memb_read_unlock() and _urcu_memb_read_ongoing() from
-// <urcu/static/urcu-memb.h>, 8.5 ns a section cheaper than the calls into liburcu-memb.so.
-// That header is LGPL-2.1: it says it may be included only in LGPL-2.1-compatible source
-// (grace's is MIT), and of the lock and unlock that each is meant to meet section 5's
-// ten-line criterion for inline functions, so that non-LGPL code may invoke them directly.
-// The application that compiles this header decides whether that reading suits it; one
-// that wants no liburcu code in its object files builds grace with
-// GRACE_URCU_INLINE_READ_SIDE=OFF (CMake), which calls the library instead. _LGPL_SOURCE is
-// never defined: every other liburcu function is a library call, and none of liburcu's rcu_*
-// macros leak (without URCU_API_MAP, <urcu/urcu-memb.h> clears them); the static header does
-// bring its own names (cds_list_*, URCU_*, FUTEX_*, futex()). Inlined code reads liburcu's
-// reader state by the layout of the headers grace was built with, which liburcu keeps
-// within a major version (the soname): grace is rebuilt with each liburcu release.
+// grace's read side speaks liburcu-memb's reader protocol itself, inline: the outermost
+// read_guard copies urcu_memb_gp.ctr (the current phase, with a nesting count of one) into
+// the thread's urcu_memb_reader.ctr, or adds one to a count the thread already holds, and
+// leaves by taking one off, waking a grace period that waits on urcu_memb_gp.futex once it
+// reaches zero. It uses liburcu's data layout and nothing of its code: two fields of each of
+// struct urcu_reader and struct urcu_gp, located once per thread by the library-built
+// src/thread_registry.cc, and the counter's constants (checked there against liburcu's
+// headers). That costs 1 ns a section against 8 through liburcu-memb.so's
+// urcu_memb_read_lock/unlock, two PLT calls with three __tls_get_addr. liburcu keeps the
+// layout within a major version (its soname), grace is rebuilt with each liburcu release, and
+// each thread checks when it registers that the library and grace see the same counter.
+// GRACE_URCU_INLINE_READ_SIDE=OFF (CMake) calls the library instead. _LGPL_SOURCE is never
+// defined, and none of liburcu's rcu_* macros leak (without URCU_API_MAP, <urcu/urcu-memb.h>
+// clears them).
 #pragma once
 
 #include <urcu/urcu-memb.h>
-#if !GRACE_URCU_LIBRARY_READ_SIDE
-#include <urcu/static/urcu-memb.h>
-#endif
 
+#include <atomic>
 #include <cstdint>
 
 #include "grace/reclaim/detail/tsan.h"
@@ -37,6 +35,11 @@ struct reader_state {
   bool has_deferred_work = false;   // run_deferred_work_slow() at the outermost unlock
   bool running_deleters = false;    // inside deleters (a domain's worker, or emergency work)
   std::uint32_t retires_by_deleters = 0;  // retire() calls made meanwhile, not yet published
+  // liburcu-memb's per-thread and global state, located by register_thread_slow().
+  bool liburcu_readers_fence = false;         // liburcu lacks sys_membarrier: readers fence
+  unsigned long* liburcu_count = nullptr;     // &urcu_memb_reader.ctr of this thread
+  unsigned long* liburcu_phase = nullptr;     // &urcu_memb_gp.ctr
+  std::int32_t* liburcu_waiter = nullptr;     // &urcu_memb_gp.futex: -1 while a GP sleeps
 };
 
 inline constinit thread_local reader_state tls_reader{};
@@ -47,22 +50,71 @@ inline constinit thread_local reader_state tls_reader{};
 // emergency reclamation (see domain::retire_slow).
 [[gnu::cold, gnu::noinline]] void run_deferred_work_slow() noexcept;
 
-// liburcu's read lock, unlock and "inside a section?" for grace's outermost guard: inlined
-// (their accesses hidden from TSan, see liburcu_accesses), or calls into liburcu-memb.so.
+// Wakes the grace period that sleeps on urcu_memb_gp.futex (liburcu's FUTEX_WAKE of one).
+[[gnu::cold, gnu::noinline]] void wake_grace_period_slow(std::int32_t* waiter) noexcept;
+
+// liburcu-memb's reader counter: the low half counts nested sections (0: outside any), the
+// high half's lowest bit is the grace-period phase the outermost section began in
+// (URCU_GP_COUNT, URCU_GP_CTR_NEST_MASK; checked in thread_registry.cc).
+inline constexpr unsigned long kLiburcuNestingOne = 1;
+inline constexpr unsigned long kLiburcuNestingMask = (1UL << (sizeof(unsigned long) * 4)) - 1;
+
+// liburcu's read lock, unlock and "inside a section?" for grace's outermost guard: its
+// protocol spoken inline, or calls into liburcu-memb.so.
 #if GRACE_URCU_LIBRARY_READ_SIDE
 inline void liburcu_read_lock() noexcept { urcu_memb_read_lock(); }
 inline void liburcu_read_unlock() noexcept { urcu_memb_read_unlock(); }
 inline bool liburcu_read_ongoing() noexcept { return urcu_memb_read_ongoing() != 0; }
 #else
+// The reader's half of liburcu-memb's fence pairing: a compiler barrier, which
+// synchronize_rcu()'s sys_membarrier() makes a full fence on this CPU when it matters; a
+// seq_cst fence where liburcu found no membarrier and its grace periods use plain fences.
+inline void liburcu_reader_fence(const reader_state& reader) noexcept {
+  if (reader.liburcu_readers_fence) [[unlikely]] {
+    atomic_fence(std::memory_order_seq_cst);  // TSan: orders a store before loads; no edge
+  } else {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+}
 inline void liburcu_read_lock() noexcept {
-  const liburcu_accesses hidden_from_tsan;
-  _urcu_memb_read_lock();
+  reader_state& reader = tls_reader;
+  // Relaxed: only this thread writes its counter; synchronize_rcu() reads it.
+  std::atomic_ref<unsigned long> count(*reader.liburcu_count);
+  const unsigned long held = count.load(std::memory_order_relaxed);
+  if ((held & kLiburcuNestingMask) == 0) {
+    // Relaxed: the phase is written under liburcu's GP lock; the fence below orders this
+    // thread's section after the store that announces it (pairs with synchronize_rcu's
+    // membarrier, as liburcu's own lock does).
+    count.store(std::atomic_ref<unsigned long>(*reader.liburcu_phase).load(std::memory_order_relaxed),
+                std::memory_order_relaxed);
+    liburcu_reader_fence(reader);
+  } else {
+    count.store(held + kLiburcuNestingOne, std::memory_order_relaxed);  // the program's section
+  }
 }
 inline void liburcu_read_unlock() noexcept {
-  const liburcu_accesses hidden_from_tsan;
-  _urcu_memb_read_unlock();
+  reader_state& reader = tls_reader;
+  std::atomic_ref<unsigned long> count(*reader.liburcu_count);
+  const unsigned long held = count.load(std::memory_order_relaxed);  // Relaxed: as above
+  if ((held & kLiburcuNestingMask) == kLiburcuNestingOne) {
+    liburcu_reader_fence(reader);  // the section's accesses before the store that ends it
+    count.store(held - kLiburcuNestingOne, std::memory_order_relaxed);
+    liburcu_reader_fence(reader);  // that store before the load of the waiter flag
+    // Relaxed: a hint; synchronize_rcu() sets it and re-checks the readers before sleeping.
+    if (std::atomic_ref<std::int32_t>(*reader.liburcu_waiter).load(std::memory_order_relaxed) ==
+        -1) [[unlikely]] {
+      wake_grace_period_slow(reader.liburcu_waiter);
+    }
+  } else {
+    count.store(held - kLiburcuNestingOne, std::memory_order_relaxed);  // the program's section
+  }
 }
-inline bool liburcu_read_ongoing() noexcept { return _urcu_memb_read_ongoing() != 0; }
+inline bool liburcu_read_ongoing() noexcept {
+  const reader_state& reader = tls_reader;
+  return reader.liburcu_count != nullptr &&
+         (std::atomic_ref<unsigned long>(*reader.liburcu_count).load(std::memory_order_relaxed) &
+          kLiburcuNestingMask) != 0;
+}
 #endif
 
 // True while the calling thread is inside a read section: a read_guard, or liburcu's read
