@@ -56,27 +56,21 @@ void BM_pin_outer_and_nested(benchmark::State& state) {
 }
 BENCHMARK(BM_pin_outer_and_nested);
 
-// Reference: liburcu's read lock and unlock with nothing around them, its own inline
-// functions from <urcu/static/urcu-memb.h> (what _LGPL_SOURCE code gets).
-void BM_urcu_read_lock_unlock_inlined(benchmark::State& state) {
+// Reference: liburcu's read lock and unlock with nothing around them.
+template <void (*Lock)(), void (*Unlock)()>
+void BM_urcu_read_lock_unlock(benchmark::State& state) {
   ensure_registered();
   for (auto _ : state) {
-    _urcu_memb_read_lock();
+    Lock();
     benchmark::ClobberMemory();
-    _urcu_memb_read_unlock();
+    Unlock();
   }
 }
-BENCHMARK(BM_urcu_read_lock_unlock_inlined)->Threads(1)->Threads(2);
-
-// Reference: the same through liburcu-memb.so, as grace called them until session 17.
-void BM_urcu_read_lock_unlock_library_call(benchmark::State& state) {
-  ensure_registered();
-  for (auto _ : state) {
-    urcu_memb_read_lock();
-    benchmark::ClobberMemory();
-    urcu_memb_read_unlock();
-  }
-}
-BENCHMARK(BM_urcu_read_lock_unlock_library_call)->Threads(1)->Threads(2);
+// Its own inline functions from <urcu/static/urcu-memb.h> (what _LGPL_SOURCE code gets).
+BENCHMARK(BM_urcu_read_lock_unlock<_urcu_memb_read_lock, _urcu_memb_read_unlock>)
+    ->Name("BM_urcu_read_lock_unlock_inlined")->Threads(1)->Threads(2);
+// Through liburcu-memb.so, as grace called them until session 17.
+BENCHMARK(BM_urcu_read_lock_unlock<urcu_memb_read_lock, urcu_memb_read_unlock>)
+    ->Name("BM_urcu_read_lock_unlock_library_call")->Threads(1)->Threads(2);
 
 }  // namespace
