@@ -210,6 +210,23 @@ TEST(ReadGuard, SynchronizeAndBarrierInsideTheProgramsOwnLiburcuReadLockThrowIns
   urcu_memb_read_unlock();
 }
 
+TEST(ReadGuard, AThreadThatOnlyLiburcuKnowsCountsItsReadLockAsAReadSection) {
+  grace::domain d;
+  std::thread only_liburcu([&d] {
+    urcu_memb_register_thread();  // the program's own registration; grace never pins here
+    urcu_memb_read_lock();
+    EXPECT_TRUE(grace::in_read_section());
+    {
+      gt::watchdog dog(kNoDeadlock, "synchronize() inside liburcu's read lock, unpinned thread");
+      EXPECT_THROW(d.synchronize(), std::logic_error);
+    }
+    urcu_memb_read_unlock();
+    EXPECT_FALSE(grace::in_read_section());
+    urcu_memb_unregister_thread();
+  });
+  only_liburcu.join();
+}
+
 TEST(ReadGuard, AGraceWaitDueAtAGuardsEndInsideTheProgramsLiburcuReadLockWaitsForTheNextGuard) {
   grace::domain d;
   { auto registers_this_thread = grace::pin(); }
