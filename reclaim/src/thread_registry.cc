@@ -213,6 +213,15 @@ void register_thread_slow() noexcept {
   {
     // fork(): liburcu's registry lock and our list, never mid-change.
     fork_gate_scope gate(fork_gate::registry);
+    if (urcu_memb_reader.registered) {
+      // A second urcu_memb_register_thread() would link the thread into liburcu's registry
+      // twice (liburcu checks only in its debug builds) and corrupt it.
+      std::fprintf(stderr,
+                   "grace: the thread taking its first read_guard is already registered with "
+                   "liburcu (the program called urcu_memb_register_thread()); grace registers "
+                   "the threads that take read_guards itself, so do not register them too\n");
+      std::abort();
+    }
     urcu_memb_register_thread();
 #if !GRACE_URCU_LIBRARY_READ_SIDE
     locate_liburcu_reader_state();

@@ -227,6 +227,19 @@ TEST(ReadGuard, AThreadThatOnlyLiburcuKnowsCountsItsReadLockAsAReadSection) {
   only_liburcu.join();
 }
 
+TEST(ReadGuard, AFirstGuardOnAThreadTheProgramRegisteredWithLiburcuAbortsNamingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        std::thread registered_by_the_program([] {
+          urcu_memb_register_thread();
+          auto g = grace::pin();
+        });
+        registered_by_the_program.join();
+      },
+      "already registered with liburcu");
+}
+
 TEST(ReadGuard, AGraceWaitDueAtAGuardsEndInsideTheProgramsLiburcuReadLockWaitsForTheNextGuard) {
   grace::domain d;
   { auto registers_this_thread = grace::pin(); }
