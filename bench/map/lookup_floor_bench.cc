@@ -7,8 +7,8 @@
 //                        key first, as a split-ordered list does: the key's bits reversed
 //                        (Shalev & Shavit's order, grace before session 11), or multiplied by
 //                        2^64/phi (grace's order since): what computing the key costs
-//   BM_chain_in_read_section   the same walk inside grace::pin(), one per lookup (liburcu's read
-//                        side, inlined)
+//   BM_chain_in_read_section   the same walk inside grace::pin(), one per lookup (grace's inline
+//                        read side, which speaks liburcu's reader protocol)
 //   BM_chain_in_urcu_read_section   the same with liburcu's urcu_memb_read_lock/unlock called
 //                        through the shared library, as grace called them until it inlined
 //                        them: what the calls cost

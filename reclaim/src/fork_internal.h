@@ -40,8 +40,7 @@ void remove_engine_for_fork(reclaim_engine* engine) noexcept;
 // thread (a mutex it held, a join) then deadlocked the fork, although the same program never
 // deadlocks without fork(). Entering a gate waits while a fork() is in progress, so neither
 // is ever entered inside a read section. Not reentrant: nothing runs inside but the call (and,
-// at registration, check_inlined_read_side_matches_library()'s sections, which wait for
-// nothing).
+// at registration, check_read_side_matches_library()'s sections, which wait for nothing).
 enum class fork_gate { grace_period, registry };
 
 class fork_gate_scope {
