@@ -63,6 +63,11 @@ inline constexpr std::uint32_t kConsumerMagazines = 4;
 inline constexpr std::chrono::milliseconds kTrimInterval{20};
 // Trim passes in a row that find a cache idle before it gives back every ready object.
 inline constexpr std::uint32_t kIdlePassesBeforeEmptying = 2;
+// Chunks with no object in use a pool keeps for its next refill instead of freeing them at
+// once (P5): a pool whose objects cycle between CPUs (one inserts, another erases) empties
+// and cuts chunks hundreds of times a second, each a malloc, page faults and, once freed, a
+// TLB shootdown. 1 MiB at most, and the idle trim frees them within two passes.
+inline constexpr std::uint32_t kRetainedChunks = 16;
 inline constexpr unsigned kEmptyMagazinesPerCache = 2;
 // destroy_deallocated() in a fork() child: yields before it skips a cache of a pool built
 // during the fork that stays held (pool_core::fork_skip).
@@ -90,7 +95,8 @@ struct chunk {
   // (P5): the rest, and the bitmap, change only under the pool's chunk lock.
   std::uint32_t free_slots = 0;  // bits set in the bitmap
   chunk* partial_prev = nullptr;  // the pool's list of chunks with free slots
-  chunk* partial_next = nullptr;  // ... and, once all its slots are free, the holder's list
+  chunk* partial_next = nullptr;  // ... and, once all its slots are free, the retained lists
+                                  // or the holder's list
   // (P6): on the deferred chunk stack, the slots [uncarved_from, capacity) wait to be freed.
   chunk* deferred_next = nullptr;
   std::uint32_t uncarved_from = 0;
@@ -164,8 +170,15 @@ struct pool_core {
   std::atomic<std::uint32_t> chunk_lock{0};
   chunk* partial_head = nullptr;  // chunks with free slots, most recently partial first
   chunk* emptied = nullptr;       // chunks whose slots are all free: freed after the unlock
+  // Chunks whose slots are all free, kept for reuse (kRetainedChunks in all): emptied since
+  // the last trim pass, and before it. Each pass frees the older list and ages the newer.
+  chunk* retained = nullptr;
+  chunk* retained_old = nullptr;
   // Relaxed: written under the lock, read without it as a hint that partial_head is set.
   std::atomic<std::uint64_t> partial_chunks{0};
+  // Relaxed: the length of both retained lists, written under the lock, read without it as
+  // a hint that one is set.
+  std::atomic<std::uint32_t> retained_chunks{0};
   // (P6): what was released while another thread held the chunk lock: objects, and chunks'
   // uncarved tails.
   std::atomic<void*> deferred_objects{nullptr};
@@ -291,7 +304,18 @@ struct pool_core {
                                                  std::memory_order_relaxed));
   }
 
+  // A chunk with every slot uncarved: a retained one (P5) if the lock is free, else one from
+  // the system.
   chunk* new_chunk() noexcept {
+    // Relaxed: a hint; the lock decides.
+    if (retained_chunks.load(std::memory_order_relaxed) != 0 && try_lock_chunks()) {
+      chunk* c = take_retained();
+      unlock_chunks();
+      if (c != nullptr) {
+        asan_unpoison(c, kChunkBytes);  // its free slots were poisoned: as new from here on
+        return c;
+      }
+    }
     chunk_record* record = take_record();
     if (record == nullptr) return nullptr;
     void* memory = allocator().allocate(kChunkBytes, kChunkBytes, allocator().context);
@@ -504,9 +528,52 @@ struct pool_core {
     if (was_full) link_partial(c);
     if (c->free_slots == c->capacity) {
       unlink_partial(c);
+      retain_or_free(c);
+    }
+  }
+
+  // Lock held: `c` has no slot in use. Kept for reuse while fewer than kRetainedChunks are,
+  // otherwise freed by the holder after unlocking.
+  void retain_or_free(chunk* c) noexcept {
+    const std::uint32_t kept = retained_chunks.load(std::memory_order_relaxed);
+    if (kept < kRetainedChunks) {
+      c->partial_next = retained;
+      retained = c;
+      retained_chunks.store(kept + 1, std::memory_order_relaxed);
+    } else {
       c->partial_next = emptied;
       emptied = c;
     }
+  }
+
+  // Lock held: a retained chunk, the most recently emptied first, made uncarved again (its
+  // bitmap cleared, as new_chunk() clears a new one's); nullptr if none.
+  chunk* take_retained() noexcept {
+    chunk*& list = retained != nullptr ? retained : retained_old;
+    chunk* c = list;
+    if (c == nullptr) return nullptr;
+    list = c->partial_next;
+    retained_chunks.store(retained_chunks.load(std::memory_order_relaxed) - 1,
+                          std::memory_order_relaxed);
+    std::memset(c->free_bits(), 0, bitmap_words * sizeof(std::uint64_t));
+    c->free_slots = 0;
+    c->partial_next = nullptr;
+    return c;
+  }
+
+  // Lock held, by the idle trim: the chunks retained since before the last pass go to
+  // `emptied` (freed after the unlock); the rest age by one pass.
+  void age_retained() noexcept {
+    std::uint32_t freed = 0;
+    while (chunk* c = retained_old) {
+      retained_old = c->partial_next;
+      c->partial_next = emptied;
+      emptied = c;
+      ++freed;
+    }
+    retained_old = std::exchange(retained, nullptr);
+    retained_chunks.store(retained_chunks.load(std::memory_order_relaxed) - freed,
+                          std::memory_order_relaxed);
   }
 
   void link_partial(chunk* c) noexcept {
@@ -570,7 +637,10 @@ struct pool_core {
   [[gnu::cold]] void repair_chunks_after_fork() noexcept {
     partial_head = nullptr;
     emptied = nullptr;
+    retained = nullptr;
+    retained_old = nullptr;
     partial_chunks.store(0, std::memory_order_relaxed);
+    retained_chunks.store(0, std::memory_order_relaxed);
     // Acquire: records pushed by the parent's threads; pairs with take_record()'s CAS.
     for (chunk_record* r = records.load(std::memory_order_acquire); r != nullptr;
          r = r->next_all) {
@@ -990,12 +1060,17 @@ struct pool_core {
   // Whether the idle trim has anything to look at in this cache, or in the deferred stacks
   // a chunk lock holder left after kDeferredPasses.
   bool needs_trim(const pool_cache& cache) const noexcept {
-    return ready_objects(cache) > high || waiting_objects(cache) != 0 || anything_deferred();
+    return ready_objects(cache) > high || waiting_objects(cache) != 0 || anything_deferred() ||
+           anything_retained();
+  }
+  // Relaxed: a hint; the trim pass takes the lock.
+  bool anything_retained() const noexcept {
+    return retained_chunks.load(std::memory_order_relaxed) != 0;
   }
 
   // For releases made outside any cache hold (deleters, the all-caches-held fallback).
   void trim_if_deferred() noexcept {
-    if (anything_deferred()) schedule_trim();
+    if (anything_deferred() || anything_retained()) schedule_trim();
   }
 
   // The idle trim: a cache that allocated nothing since the last pass sheds its ready
@@ -1108,6 +1183,15 @@ struct pool_core {
     if (core->anything_deferred()) {
       core->drain_deferred();
       again = again || core->anything_deferred();
+    }
+    // Chunks retained for reuse (P5) that no refill took since the last pass go back to the
+    // system now (unlock_chunks() frees them); the others at the next pass, unless reused.
+    if (core->anything_retained()) {
+      if (core->try_lock_chunks()) {
+        core->age_retained();
+        core->unlock_chunks();
+      }
+      again = again || core->anything_retained();
     }
     for (unsigned i = 0; i < core->depot_slots; ++i) {
       if (core->depot[i].load(std::memory_order_relaxed) == nullptr) continue;
@@ -1850,6 +1934,7 @@ pool_stats object_pool::stats() const noexcept {
   s.held_bytes = core.held_bytes.load(std::memory_order_relaxed);
   s.peak_held_bytes = core.peak_held_bytes.load(std::memory_order_relaxed);
   s.chunks = core.chunks.load(std::memory_order_relaxed);
+  s.retained_chunks = core.retained_chunks.load(std::memory_order_relaxed);
   return s;
 }
 

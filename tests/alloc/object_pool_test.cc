@@ -295,7 +295,7 @@ TEST(ObjectPool, StatsCountAllocationsFreshObjectsReuseAndChunks) {
   const grace::pool_stats empty = pool.stats();
   EXPECT_EQ(empty.allocated + empty.deallocated + empty.fresh + empty.reused_from_chunks +
                 empty.reused_after_gp + empty.returned_to_system + empty.held_bytes +
-                empty.peak_held_bytes + empty.chunks,
+                empty.peak_held_bytes + empty.chunks + empty.retained_chunks,
             0u);
 
   constexpr std::size_t kObjects = 20;
@@ -383,6 +383,103 @@ TEST(ObjectPool, ObjectsGoBackToTheSystemWhenCachesAndDepotAreFull) {
   EXPECT_LT(s.held_bytes, s.peak_held_bytes) << describe(s);
   EXPECT_EQ(s.held_bytes, s.chunks * kChunkBytes);
   EXPECT_EQ(s.peak_held_bytes, full.chunks * kChunkBytes);
+}
+
+// The system allocator, counting the chunks (64 KiB, aligned to 64 KiB) it hands out and
+// takes back.
+class chunk_counting_allocator {
+ public:
+  grace::system_allocator get() noexcept { return {&allocate, &deallocate, this}; }
+  // Relaxed: tallies, read by the test's thread between calls.
+  std::uint64_t chunks_allocated() const noexcept {
+    return allocated_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t chunks_given_back() const noexcept {
+    return given_back_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  static void* allocate(std::size_t bytes, std::size_t alignment, void* context) noexcept {
+    auto* self = static_cast<chunk_counting_allocator*>(context);
+    if (bytes == kChunkBytes && alignment == kChunkBytes) {
+      self->allocated_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return grace::system_allocator::malloc_allocate(bytes, alignment, nullptr);
+  }
+  static void deallocate(void* memory, std::size_t bytes, void* context) noexcept {
+    auto* self = static_cast<chunk_counting_allocator*>(context);
+    if (bytes == kChunkBytes) self->given_back_.fetch_add(1, std::memory_order_relaxed);
+    grace::system_allocator::malloc_deallocate(memory, bytes, nullptr);
+  }
+
+  std::atomic<std::uint64_t> allocated_{0};
+  std::atomic<std::uint64_t> given_back_{0};
+};
+
+// Deallocates ~20 chunks' worth of objects with grace periods in between, so that, caches
+// and depot full, most go back to their chunks (as ObjectsGoBackToTheSystemWhen... above).
+void release_a_burst(grace::object_pool& pool, grace::domain& d, std::size_t objects) {
+  std::vector<void*> held(objects);
+  for (void*& p : held) p = pool.allocate();
+  for (std::size_t i = 0; i < objects; ++i) {
+    pool.deallocate(held[i]);
+    if (i % 64 == 63) d.synchronize();
+  }
+  d.synchronize();
+  pool.deallocate(pool.allocate());
+}
+
+// A pool whose objects cycle between CPUs (one CPU allocates, another frees) empties
+// chunks as fast as it cuts them: a chunk whose every object came back is kept, and cut
+// again before the system is asked for a new one. Quiet domain: no trim pass frees it here.
+TEST(ObjectPool, AChunkWhoseEveryObjectCameBackIsCutAgainBeforeTheSystemIsAskedForOne) {
+  ga::pin_to_current_cpu pin;
+  chunk_counting_allocator memory;
+  grace::domain d(quiet());
+  grace::pool_options options = small_magazines();
+  options.caller_gp_threshold = 0;
+  options.allocator = memory.get();
+  grace::object_pool pool(64, options, d);
+  release_a_burst(pool, d, 20'000);
+  const grace::pool_stats released = pool.stats();
+  ASSERT_GE(released.retained_chunks, 1u) << describe(released);
+  EXPECT_LE(released.retained_chunks, 16u) << "at most 16 kept; " << describe(released);
+  EXPECT_LE(released.retained_chunks, released.chunks);
+  EXPECT_EQ(memory.chunks_given_back(), memory.chunks_allocated() - released.chunks)
+      << "past the 16 kept, chunks go back at once";
+
+  const std::uint64_t asked_before = memory.chunks_allocated();
+  std::vector<void*> again;
+  for (std::size_t i = 0; i < 40'000 && pool.stats().retained_chunks != 0; ++i) {
+    again.push_back(pool.allocate());
+  }
+  const grace::pool_stats reused = pool.stats();
+  EXPECT_EQ(reused.retained_chunks, 0u) << "40,000 objects cut no kept chunk; " << describe(reused);
+  EXPECT_EQ(memory.chunks_allocated(), asked_before)
+      << "a chunk came from the system while a kept one was there";
+  for (void* p : again) pool.deallocate(p);
+}
+
+// Kept chunks are no leak: once the pool is idle the trim gives them back to the system.
+TEST(ObjectPool, ChunksKeptForReuseGoBackToTheSystemOnceThePoolIsIdle) {
+  ga::pin_to_current_cpu pin;
+  chunk_counting_allocator memory;
+  grace::domain d;  // the default drain interval: the idle trim runs
+  grace::pool_options options = small_magazines();
+  options.caller_gp_threshold = 0;
+  options.allocator = memory.get();
+  grace::object_pool pool(64, options, d);
+  release_a_burst(pool, d, 20'000);
+  grace::pool_stats s;
+  const bool settled = gt::eventually(
+      [&] {
+        s = pool.stats();
+        return s.retained_chunks == 0 && s.ready == 0 && s.waiting_for_gp == 0 &&
+               s.chunks <= 1;
+      },
+      5s);
+  EXPECT_TRUE(settled) << "kept chunks, or the chunk being cut, still held; " << describe(s);
+  EXPECT_EQ(memory.chunks_given_back(), memory.chunks_allocated() - s.chunks);
 }
 
 // ---------------------------------------------------------------------------------------------

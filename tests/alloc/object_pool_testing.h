@@ -167,7 +167,8 @@ inline std::string describe(const grace::pool_stats& s) {
          std::to_string(s.returned_to_system) + " ready=" + std::to_string(s.ready) +
          " waiting_for_gp=" + std::to_string(s.waiting_for_gp) + " held_bytes=" +
          std::to_string(s.held_bytes) + " peak_held_bytes=" + std::to_string(s.peak_held_bytes) +
-         " chunks=" + std::to_string(s.chunks);
+         " chunks=" + std::to_string(s.chunks) +
+         " retained_chunks=" + std::to_string(s.retained_chunks);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ struct pool_stats {
   std::uint64_t allocated = 0;            // allocate() calls served
   std::uint64_t deallocated = 0;          // deallocate() calls
   std::uint64_t reused_after_gp = 0;      // objects made allocatable again after a GP
-  std::uint64_t fresh = 0;                // objects cut from new chunks
+  std::uint64_t fresh = 0;                // objects cut from new (or retained) chunks
   std::uint64_t reused_from_chunks = 0;   // objects handed out again from chunks' free slots
   std::uint64_t destroyed = 0;            // objects pool_options::destroy ran on
   std::uint64_t returned_to_system = 0;   // objects released to their chunks
@@ -127,6 +127,7 @@ struct pool_stats {
   std::uint64_t held_bytes = 0;           // chunk memory held now
   std::uint64_t peak_held_bytes = 0;
   std::uint64_t chunks = 0;               // chunks held now
+  std::uint64_t retained_chunks = 0;      // of those, with no object in use, kept for reuse
 };
 
 class object_pool {

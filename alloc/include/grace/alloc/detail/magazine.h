@@ -16,8 +16,9 @@
 // grace period ends, so the pool writes nothing into it. Objects are carved from 64 KiB
 // chunks aligned to their size, so an object finds its chunk by masking its address. A
 // chunk keeps a bitmap of its free slots: objects released to it are handed out again by
-// the next refill before any new chunk is cut, and the chunk goes back to the system when
-// every slot is free.
+// the next refill before any new chunk is cut. A chunk whose every slot is free is kept for
+// the next chunk a refill cuts, up to kRetainedChunks of them; the idle trim gives back
+// those that no refill took within a pass, and a chunk past that number goes back at once.
 //
 // Invariants:
 //   (P1) An object in `freed` or `waiting` has not been handed out since its deallocate().
@@ -37,13 +38,17 @@
 //        Only ready magazines enter the depot.
 //   (P5) A chunk's free-slot bitmap and free_slots, and the pool's lists of chunks with
 //        free slots (partial_head, partial_chunks) and of chunks with no slot in use
-//        (emptied), change only under the pool's chunk lock. A slot is in exactly one place:
+//        (retained, retained_old, retained_chunks, emptied), change only under the pool's
+//        chunk lock. A slot is in exactly one place:
 //        uncarved (at or past cache.carved of the cache carving the chunk, or on the
 //        deferred chunk stack), handed out, in a magazine, on the deferred object stack, in
 //        the hands of the holder that took that stack, or free (its bit set; free_slots
 //        counts the bits). A chunk is on the partial list iff
-//        0 < free_slots < capacity; at capacity it moves to `emptied`, and the holder frees
-//        it after unlocking. Only objects past their grace period (from a ready magazine, a
+//        0 < free_slots < capacity; at capacity it moves to `retained` (kept for reuse: a
+//        refill that needs a new chunk takes it back, bitmap cleared, as uncarved) or, with
+//        kRetainedChunks retained already, to `emptied`; the idle trim moves `retained_old`
+//        to `emptied` and `retained` to `retained_old`; the holder frees `emptied` after
+//        unlocking. Only objects past their grace period (from a ready magazine, a
 //        retire() deleter, never handed out, or handed out but never seen:
 //        deallocate_unconstructed(); or, without reuse_after_gp, any deallocated object)
 //        are released, so a free slot may be handed out at once (P2). The lock is only ever tried. It holds the fork generation it was
