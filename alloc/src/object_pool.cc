@@ -65,8 +65,9 @@ inline constexpr std::chrono::milliseconds kTrimInterval{20};
 inline constexpr std::uint32_t kIdlePassesBeforeEmptying = 2;
 // Chunks with no object in use a pool keeps for its next refill instead of freeing them at
 // once (P5): a pool whose objects cycle between CPUs (one inserts, another erases) empties
-// and cuts chunks hundreds of times a second, each a malloc, page faults and, once freed, a
-// TLB shootdown. 1 MiB at most, and the idle trim frees them within two passes.
+// and cuts chunks hundreds of times a second, each a fresh mapping with its page faults and,
+// once freed, an munmap() that shoots down the other CPUs' TLBs. 1 MiB at most, and the idle
+// trim frees those no refill took for a whole pass, at its next pass.
 inline constexpr std::uint32_t kRetainedChunks = 16;
 inline constexpr unsigned kEmptyMagazinesPerCache = 2;
 // destroy_deallocated() in a fork() child: yields before it skips a cache of a pool built
@@ -376,7 +377,7 @@ struct pool_core {
   }
 
   // Releases what other threads deferred to the holder (P6), then the lock, then frees the
-  // chunks left with no object in use. Ends with the deferred stacks empty or another holder
+  // chunks on `emptied` (P5). Ends with the deferred stacks empty or another holder
   // in charge of them, except after kDeferredPasses: the rest then waits for the next holder,
   // and the callers' anything_deferred() checks schedule the idle trim for it once they hold
   // no cache.
@@ -520,7 +521,7 @@ struct pool_core {
   }
 
   // Lock held: `count` more slots of `c` are free. A chunk with no slot in use leaves the
-  // partial list for `emptied`; unlock_chunks() frees it once the lock is released.
+  // partial list, to be kept for reuse or freed (retain_or_free()).
   void slots_freed(chunk* c, std::uint32_t count) noexcept {
     if (count == 0) return;
     const bool was_full = c->free_slots == 0;
@@ -671,7 +672,7 @@ struct pool_core {
   void release_object(void* object) noexcept {
     returned.fetch_add(1, std::memory_order_relaxed);
     release_to_chunks([&](auto&& release) { release(object); });
-    trim_if_deferred();
+    trim_if_pending();
   }
 
   // --- magazines ----------------------------------------------------------------------------
@@ -839,7 +840,7 @@ struct pool_core {
       } else if (!to_depot(m)) {
         release_objects(m);
         free_magazine(m);
-        trim_if_deferred();
+        trim_if_pending();
       }
     }
     // A take recorded before a fork() is not the child's to end: its slots started free.
@@ -912,7 +913,7 @@ struct pool_core {
       chunk* c = new_chunk();
       if (c == nullptr) {
         if (spare != nullptr) free_magazine(spare);
-        trim_if_deferred();
+        trim_if_pending();
         throw std::bad_alloc();
       }
       object = object_at(c, 0);
@@ -1057,8 +1058,8 @@ struct pool_core {
     }
   }
 
-  // Whether the idle trim has anything to look at in this cache, or in the deferred stacks
-  // a chunk lock holder left after kDeferredPasses.
+  // Whether the idle trim has anything to look at in this cache, in the deferred stacks a
+  // chunk lock holder left after kDeferredPasses, or among the chunks kept for reuse.
   bool needs_trim(const pool_cache& cache) const noexcept {
     return ready_objects(cache) > high || waiting_objects(cache) != 0 || anything_deferred() ||
            anything_retained();
@@ -1068,8 +1069,10 @@ struct pool_core {
     return retained_chunks.load(std::memory_order_relaxed) != 0;
   }
 
-  // For releases made outside any cache hold (deleters, the all-caches-held fallback).
-  void trim_if_deferred() noexcept {
+  // For releases made outside any cache hold (deleters, the all-caches-held fallback, and
+  // deallocate_unconstructed()): what they left to a chunk lock holder, or kept for reuse,
+  // waits for the idle trim.
+  void trim_if_pending() noexcept {
     if (anything_deferred() || anything_retained()) schedule_trim();
   }
 
@@ -1605,7 +1608,7 @@ void* object_pool::allocate_slow(detail::pool_cache& cache) {
     if (!core.refill_fresh(cache)) {
       core.update_gauges(cache);
       release_hold(cache);
-      core.trim_if_deferred();
+      core.trim_if_pending();
       throw std::bad_alloc();
     }
   }
@@ -1719,7 +1722,7 @@ void* object_pool::allocate_contended_slow(unsigned home) {
   } else {
     object = core.allocate_from_chunks();  // may throw std::bad_alloc: not counted
   }
-  core.trim_if_deferred();  // either may have released objects to the chunks
+  core.trim_if_pending();  // either may have released objects to the chunks
   core.unheld_allocations.fetch_add(1, std::memory_order_relaxed);  // Relaxed: a statistic.
   return object;
 }

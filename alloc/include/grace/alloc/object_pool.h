@@ -21,7 +21,9 @@
 // its loaded magazine, which may hold more), and one still idle at the next trim pass
 // gives back the rest. Objects
 // come from 64 KiB chunks: a refill takes the free slots of chunks already held before it
-// cuts a new one, and a chunk returns to the system once all its slots are free.
+// cuts a new one. A chunk whose slots are all free is kept, up to 16, and cut again before
+// the system is asked for a new one; the idle trim returns those no refill took for a
+// pass, and the chunks past 16 return to the system at once.
 // Objects waiting for a grace period are bounded by asking the domain for a grace period
 // (domain::request_gp()) and, past caller_gp_threshold, by the deallocating thread running
 // one itself at its next quiescent point (never inside a read section).

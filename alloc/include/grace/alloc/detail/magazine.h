@@ -18,7 +18,8 @@
 // chunk keeps a bitmap of its free slots: objects released to it are handed out again by
 // the next refill before any new chunk is cut. A chunk whose every slot is free is kept for
 // the next chunk a refill cuts, up to kRetainedChunks of them; the idle trim gives back
-// those that no refill took within a pass, and a chunk past that number goes back at once.
+// those that no refill took for a whole pass (at its next pass), and a chunk past that
+// number goes back at once.
 //
 // Invariants:
 //   (P1) An object in `freed` or `waiting` has not been handed out since its deallocate().
@@ -96,8 +97,8 @@
 //   (A3) Release CAS of a magazine into a depot slot publishes its contents; pairs with the
 //        Acquire exchange that takes it (A4).
 //   (A4) Acquire exchange(nullptr) on a depot slot.
-//   (A5) The Acquire CAS that takes the chunk lock sees the bitmaps and the partial list
-//        as the previous holder left them; pairs with the store that ended that hold. The
+//   (A5) The Acquire CAS that takes the chunk lock sees the bitmaps, the partial list and
+//        the retained lists as the previous holder left them; pairs with the store that ended that hold. The
 //        deferred stacks: CAS push, Acquire exchange take-all. A pusher then tries the lock,
 //        and a holder looks at the stacks after its unlock: the push, the pusher's load of
 //        the lock, the unlock and the holder's loads are SeqCst (Dekker), so one of the two
