@@ -23,12 +23,14 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -1426,6 +1428,35 @@ TEST(ObjectPool, ObjectsFreedOnACpuThatNeverAllocatesAreReusedByTheCpuThatAlloca
 
 // ---------------------------------------------------------------------------------------------
 // Destruction.
+
+// The default system allocator maps each chunk on its own; the destructor gives adjacent
+// chunks back in one munmap() (one TLB shootdown per run, not per chunk). Every chunk must
+// still be unmapped, whichever runs they formed: mincore() fails with ENOMEM on a range
+// with no mapping.
+TEST(ObjectPool, DestroyingUnmapsEveryChunkOfTheDefaultAllocator) {
+  grace::domain d(quiet());
+  std::set<std::uintptr_t> chunk_addresses;
+  {
+    grace::object_pool pool(64, {}, d);
+    std::vector<void*> objects(64 * 1021);  // ~64 chunks
+    for (void*& p : objects) {
+      p = pool.allocate();
+      chunk_addresses.insert(reinterpret_cast<std::uintptr_t>(p) & ~(kChunkBytes - 1));
+    }
+    for (void* p : objects) pool.deallocate(p);
+  }
+  ASSERT_GE(chunk_addresses.size(), 64u);
+  std::size_t still_mapped = 0;
+  for (const std::uintptr_t chunk : chunk_addresses) {
+    unsigned char resident[kChunkBytes / 4096];
+    errno = 0;
+    if (::mincore(reinterpret_cast<void*>(chunk), kChunkBytes, resident) == 0 ||
+        errno != ENOMEM) {
+      ++still_mapped;
+    }
+  }
+  EXPECT_EQ(still_mapped, 0u) << "of " << chunk_addresses.size() << " chunks";
+}
 
 TEST(ObjectPool, DestroyingWithObjectsStillWaitingForAGracePeriodReturnsEveryByte) {
   // Objects in every stage at once: unsealed, waiting, ready, in the depot, retired by the

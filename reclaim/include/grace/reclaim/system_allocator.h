@@ -23,6 +23,9 @@ struct system_allocator {
   void* context = nullptr;
 
   static void* malloc_allocate(std::size_t bytes, std::size_t alignment, void* context) noexcept;
+  // Also takes back, in one call, adjacent mapped blocks (of 64 KiB or more each) given as one
+  // block, their sizes summed: one munmap(), and so one TLB shootdown of the other CPUs, for
+  // the run. The pool gives back runs of chunks so when its allocator is this one.
   static void malloc_deallocate(void* memory, std::size_t bytes, void* context) noexcept;
 };
 
