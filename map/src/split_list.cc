@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <new>
 #include <thread>
+#include <type_traits>
 
 #include "grace/reclaim/detail/fork.h"
 
@@ -37,7 +38,7 @@ unsigned log2_ceil(std::size_t n) noexcept {
 
 struct position {
   list_node* pred;
-  list_node* cur;
+  std::uintptr_t cur_link;  // pred's link to the node found (unmarked, tag included), or 0
 };
 
 // Michael's search from `start` (a linked, unmarked dummy (L5)): returns the first unmarked
@@ -48,26 +49,28 @@ position locate(const split_list& list, list_node* start, std::uint64_t so_key,
 retry:
   list_node* pred = start;
   // Acquire (M2): pairs with the Release CAS (M1) that linked the node.
-  list_node* cur = node_of(pred->next.load(std::memory_order_acquire));
+  std::uintptr_t cur_link = pred->next.load(std::memory_order_acquire) & ~kMarked;
   for (;;) {
-    if (cur == nullptr) return {pred, nullptr};
+    list_node* cur = node_of(cur_link);
+    if (cur == nullptr) return {pred, 0};
     // Acquire (M2): as above.
     const std::uintptr_t next = cur->next.load(std::memory_order_acquire);
     if (is_marked(next)) {
-      std::uintptr_t expected = link_to(cur);
+      std::uintptr_t expected = cur_link;
       // Release (M1): the successor stays visible to readers through pred; pairs with (M2).
       if (!pred->next.compare_exchange_strong(expected, next & ~kMarked,
                                               std::memory_order_release,
                                               std::memory_order_relaxed)) {
         goto retry;  // pred was deleted or changed under us
       }
-      if (!is_dummy(cur)) list.reclaim(cur);  // (L3): this CAS unlinked it
-      cur = node_of(next);
+      if (!is_dummy_link(cur_link)) list.reclaim(cur);  // (L3): this CAS unlinked it
+      cur_link = next & ~kMarked;
       continue;
     }
-    if (cur->so_key > so_key || (!past_equal && cur->so_key == so_key)) return {pred, cur};
+    const std::uint64_t cur_key = list.so_key_at(cur_link);
+    if (cur_key > so_key || (!past_equal && cur_key == so_key)) return {pred, cur_link};
     pred = cur;
-    cur = node_of(next);
+    cur_link = next;
   }
 }
 
@@ -81,16 +84,15 @@ split_list::split_list(const hash_map_config& config, domain& reclamation, eleme
       max_log2_(log2_ceil(config.max_buckets)),
       counters_(std::make_unique<counter[]>(cpu_shard_count())),
       counter_mask_(cpu_shard_count() - 1) {
-  list_node* level0 = allocate_level(0);
+  dummy_node* level0 = allocate_level(0);
   if (level0 == nullptr) throw std::bad_alloc();
-  level0->so_key = dummy_so_key(0, 0);
   // Relaxed: the map is not shared yet; publishing it to other threads orders this.
   levels_[0].store(level0, std::memory_order_relaxed);
   const unsigned initial =
       std::clamp(log2_ceil(config.initial_buckets), min_log2_, max_log2_);
   if (!grow_to(initial)) {
     for (unsigned level = initial; level > 0; --level) {
-      if (list_node* array = levels_[level].load(std::memory_order_relaxed)) {
+      if (dummy_node* array = levels_[level].load(std::memory_order_relaxed)) {
         free_level(array, level);
       }
     }
@@ -104,7 +106,7 @@ split_list::split_list(const hash_map_config& config, domain& reclamation, eleme
 split_list::~split_list() {
   for (unsigned level = 0; level < kMaxLevels; ++level) {
     // Relaxed: no operation is in flight (precondition).
-    if (list_node* array = levels_[level].load(std::memory_order_relaxed)) {
+    if (dummy_node* array = levels_[level].load(std::memory_order_relaxed)) {
       free_level(array, level);
     }
   }
@@ -113,8 +115,8 @@ split_list::~split_list() {
 namespace {
 // Level arrays of at least this size are mapped on their own, aligned to it, and backed by
 // transparent huge pages where the system allows (madvise mode): every lookup starts at a
-// random dummy, and on 4 KiB pages a table of a million buckets (16 MiB) misses the TLB on
-// almost every one.
+// random dummy, and on 4 KiB pages a table of two million buckets (16 MiB) misses the TLB
+// on almost every one.
 constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
 void* map_huge(std::size_t bytes) noexcept {
@@ -131,25 +133,32 @@ void* map_huge(std::size_t bytes) noexcept {
   ::madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);
   return reinterpret_cast<void*>(aligned);
 }
+
+// A dummy, which carries its so_key (L1) where links carry no tags.
+template <class Dummy>
+void construct_dummy(Dummy* at, std::uint64_t so_key) noexcept {
+  Dummy* dummy = new (at) Dummy();
+  if constexpr (std::is_same_v<Dummy, keyed_node>) dummy->so_key = so_key;
+}
 }  // namespace
 
-list_node* split_list::allocate_level(unsigned level) noexcept {
+dummy_node* split_list::allocate_level(unsigned level) noexcept {
   const std::size_t count = level == 0 ? 1 : std::size_t{1} << (level - 1);
-  const std::size_t bytes = count * sizeof(list_node);
+  const std::size_t bytes = count * sizeof(dummy_node);
   void* memory = bytes >= kHugePageBytes
                      ? map_huge(bytes)
                      : ::operator new(bytes, std::align_val_t{64}, std::nothrow);
   if (memory == nullptr) return nullptr;
   check_untagged(memory);
-  auto* array = static_cast<list_node*>(memory);
-  for (std::size_t i = 0; i < count; ++i) new (&array[i]) list_node();
+  auto* array = static_cast<dummy_node*>(memory);
+  for (std::size_t i = 0; i < count; ++i) construct_dummy(&array[i], dummy_so_key(level, i));
   return array;
 }
 
-void split_list::free_level(list_node* array, unsigned level) noexcept {
+void split_list::free_level(dummy_node* array, unsigned level) noexcept {
   const std::size_t count = level == 0 ? 1 : std::size_t{1} << (level - 1);
-  const std::size_t bytes = count * sizeof(list_node);
-  for (std::size_t i = 0; i < count; ++i) array[i].~list_node();
+  const std::size_t bytes = count * sizeof(dummy_node);
+  for (std::size_t i = 0; i < count; ++i) array[i].~dummy_node();
   if (bytes >= kHugePageBytes) {
     ::munmap(array, bytes);
   } else {
@@ -166,14 +175,17 @@ std::size_t split_list::size() const noexcept {
   return total > 0 ? static_cast<std::size_t>(total) : 0;
 }
 
-void split_list::link_dummy(list_node* start, list_node* dummy) noexcept {
+void split_list::link_dummy(list_node* start, unsigned level, std::uint64_t index) noexcept {
+  // Relaxed: stored by this resizer before it links the level's dummies.
+  dummy_node* dummy = &levels_[level].load(std::memory_order_relaxed)[index];
   for (;;) {
-    const position at = locate(*this, start, dummy->so_key, /*past_equal=*/false);
+    const position at = locate(*this, start, dummy_so_key(level, index), /*past_equal=*/false);
     // Relaxed: published by the Release CAS below.
-    dummy->next.store(link_to(at.cur), std::memory_order_relaxed);
-    std::uintptr_t expected = link_to(at.cur);
-    // Release (M1): the dummy's so_key and next are visible before it is reachable.
-    if (at.pred->next.compare_exchange_strong(expected, link_to(dummy),
+    dummy->next.store(at.cur_link, std::memory_order_relaxed);
+    std::uintptr_t expected = at.cur_link;
+    // Release (M1): the dummy's next, and its level's pointer (so_key_at()), are visible
+    // before it is reachable.
+    if (at.pred->next.compare_exchange_strong(expected, dummy_link(dummy, level),
                                               std::memory_order_release,
                                               std::memory_order_relaxed)) {
       return;
@@ -186,11 +198,11 @@ bool split_list::grow_to(unsigned target) noexcept {
   unsigned current = size_log2_.load(std::memory_order_relaxed);
   while (current < target) {
     const unsigned level = current + 1;
-    list_node* array = allocate_level(level);
+    dummy_node* array = allocate_level(level);
     if (array == nullptr) return false;  // stay at the current size; lookups still work
     const std::uint64_t first = std::uint64_t{1} << current;
-    for (std::uint64_t i = 0; i < first; ++i) array[i].so_key = dummy_so_key(level, i);
-    // Relaxed: published with the size below (M3).
+    // Relaxed: published with the size below (M3), and to traversals that meet one of its
+    // dummies by the CAS that links it (M1).
     levels_[level].store(array, std::memory_order_relaxed);
     // Each new dummy (prefix 2i+1) goes in after its parent's (prefix i at the current
     // size), whose elements it splits off (L1). The walk is an operation like any other and
@@ -204,7 +216,7 @@ bool split_list::grow_to(unsigned target) noexcept {
         }
       }
       read_guard guard;
-      link_dummy(dummy_of_prefix(i, current), &array[i]);
+      link_dummy(dummy_of_prefix(i, current), level, i);
     }
     // Release (M3): every new dummy is linked before any operation can start from one;
     // pairs with the Acquire load in bucket_of() (M4).
@@ -232,7 +244,7 @@ void split_list::unlink_level(unsigned level) noexcept {
   // point.
   domain_.synchronize();
   // Relaxed: stored by this resizer (a shrink), or copied by the fork (L8).
-  list_node* array = levels_[level].load(std::memory_order_relaxed);
+  dummy_node* array = levels_[level].load(std::memory_order_relaxed);
   const std::uint64_t first = std::uint64_t{1} << (level - 1);
   for (std::uint64_t i = 0; i < first; ++i) {
     if (i == first / 2) {
@@ -241,7 +253,7 @@ void split_list::unlink_level(unsigned level) noexcept {
     }
     {
       read_guard guard;  // (L6), one per dummy: never across the synchronize() calls
-      list_node* victim = &array[i];
+      dummy_node* victim = &array[i];
       std::uintptr_t next = victim->next.load(std::memory_order_relaxed);
       // Release: mark the dummy deleted (L2); concurrent inserts after it now fail their CAS
       // and retry from a live predecessor. Pairs with the Acquire loads of `next` (M2). A
@@ -251,7 +263,7 @@ void split_list::unlink_level(unsigned level) noexcept {
                                                  std::memory_order_relaxed)) {
       }
       // Unlinks it, from its parent's dummy (prefix i), which stays.
-      locate(*this, dummy_of_prefix(i, level - 1), victim->so_key, /*past_equal=*/false);
+      locate(*this, dummy_of_prefix(i, level - 1), dummy_so_key(level, i), /*past_equal=*/false);
     }
   }
   // Traversals that were passing through the unlinked dummies have finished.
@@ -416,8 +428,8 @@ unsigned split_list::log2_for_buckets(double buckets) const noexcept {
   return log2_ceil(static_cast<std::size_t>(wanted));
 }
 
-void split_list::unlink_slow(list_node* start, list_node* node) noexcept {
-  locate(*this, start, node->so_key, /*past_equal=*/true);
+void split_list::unlink_slow(list_node* start, keyed_node* element) noexcept {
+  locate(*this, start, element->so_key, /*past_equal=*/true);
 }
 
 }  // namespace grace::detail

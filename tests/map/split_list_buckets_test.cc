@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "grace/map/detail/split_list.h"
@@ -20,7 +21,7 @@ using grace::detail::dummy_so_key;
 using grace::detail::element_ops;
 using grace::detail::element_so_key;
 using grace::detail::hash_map_config;
-using grace::detail::is_dummy;
+using grace::detail::is_dummy_link;
 using grace::detail::is_marked;
 using grace::detail::list_node;
 using grace::detail::kMaxLevels;
@@ -49,28 +50,35 @@ std::uint64_t expected_dummy_key(std::uint64_t so_key, unsigned size_log2) {
   return so_key >> (64 - size_log2) << (64 - size_log2);
 }
 
-// The dummies' so_keys along the list, checking that no element or marked link is on it.
-std::vector<std::uint64_t> dummies_in_list_order(const split_list& list) {
-  std::vector<std::uint64_t> keys;
+// The dummies along the list and their so_keys (split_list::so_key_at()), checking that no
+// element or marked link is on it.
+struct dummy_seen {
+  const list_node* dummy;
+  std::uint64_t so_key;
+};
+std::vector<dummy_seen> dummies_in_list_order(const split_list& list) {
+  std::vector<dummy_seen> seen;
   grace::read_guard guard;
-  for (const list_node* node = list.head(); node != nullptr;
-       node = node_of(node->next.load(std::memory_order_acquire))) {
-    EXPECT_TRUE(is_dummy(node)) << "an element in a list of dummies";
-    EXPECT_FALSE(is_marked(node->next.load(std::memory_order_acquire)))
-        << "a deleted dummy still linked";
-    keys.push_back(node->so_key);
+  const list_node* node = list.head();
+  seen.push_back({node, 0});  // the head is level 0's dummy, so_key 0
+  for (std::uintptr_t link = node->next.load(std::memory_order_acquire); link != 0;
+       link = node->next.load(std::memory_order_acquire)) {
+    EXPECT_FALSE(is_marked(link)) << "a deleted dummy still linked";
+    EXPECT_TRUE(is_dummy_link(link)) << "an element in a list of dummies";
+    node = node_of(link);
+    seen.push_back({node, list.so_key_at(link)});
   }
-  return keys;
+  return seen;
 }
 
 // Exactly the 2^size_log2 dummies of that size, increasing: prefix p's is p << (64 - size_log2).
 void expect_the_dummies_of(const split_list& list, unsigned size_log2) {
   ASSERT_EQ(list.bucket_count(), std::size_t{1} << size_log2);
-  const std::vector<std::uint64_t> keys = dummies_in_list_order(list);
-  ASSERT_EQ(keys.size(), std::size_t{1} << size_log2);
-  for (std::uint64_t prefix = 0; prefix < keys.size(); ++prefix) {
+  const std::vector<dummy_seen> dummies = dummies_in_list_order(list);
+  ASSERT_EQ(dummies.size(), std::size_t{1} << size_log2);
+  for (std::uint64_t prefix = 0; prefix < dummies.size(); ++prefix) {
     const std::uint64_t expected = size_log2 == 0 ? 0 : prefix << (64 - size_log2);
-    EXPECT_EQ(keys[prefix], expected) << "dummy " << prefix << " at size 2^" << size_log2;
+    EXPECT_EQ(dummies[prefix].so_key, expected) << "dummy " << prefix << " at size 2^" << size_log2;
   }
 }
 
@@ -105,12 +113,16 @@ TEST(SplitListBuckets, AnElementStartsFromTheDummyOfItsSoKeysTopBitsAtEverySize)
     std::vector<std::uint64_t> so_keys = {element_so_key(0, false), element_so_key(1, false), 1,
                                           ~std::uint64_t{0}};
     for (int i = 0; i < 10'000; ++i) so_keys.push_back(element_so_key(random(), true));
+    // Each dummy's so_key, as the list's links give it.
+    std::unordered_map<const list_node*, std::uint64_t> dummy_keys;
+    for (const dummy_seen& seen : dummies_in_list_order(list)) dummy_keys[seen.dummy] = seen.so_key;
     grace::read_guard guard;
     for (const std::uint64_t so_key : so_keys) {
       unsigned seen_log2 = 99;
       const list_node* start = list.bucket_of(so_key, seen_log2);
       ASSERT_EQ(seen_log2, size_log2);
-      ASSERT_EQ(start->so_key, expected_dummy_key(so_key, size_log2))
+      ASSERT_TRUE(dummy_keys.contains(start)) << "a start that is no dummy on the list";
+      ASSERT_EQ(dummy_keys[start], expected_dummy_key(so_key, size_log2))
           << "so_key " << std::hex << so_key << " at size 2^" << std::dec << size_log2;
     }
   }

@@ -177,7 +177,7 @@ inline thread_local const retried_callback_frame* retried_callbacks = nullptr;
 
 template <class Key, class Value, class Hash, class KeyEqual>
 class hash_map {
-  struct node : detail::list_node {
+  struct node : detail::keyed_node {
     Key key;
     Value value;
 
@@ -538,9 +538,10 @@ class hash_map {
     // Acquire (M2): pairs with (M1).
     std::uintptr_t link = list_.head()->next.load(std::memory_order_acquire);
     while (const detail::list_node* cur = detail::node_of(link)) {
+      const bool dummy = detail::is_dummy_link(link);
       // Acquire (M2): as above.
       link = cur->next.load(std::memory_order_acquire);
-      if (detail::is_dummy(cur) || detail::is_marked(link)) continue;
+      if (dummy || detail::is_marked(link)) continue;
       const node* element = static_cast<const node*>(cur);
       // (L4): a replacement sits right after the element it replaced: visit the key once.
       if (last != nullptr && last->so_key == element->so_key && equal_(last->key, element->key)) {
@@ -573,8 +574,8 @@ class hash_map {
  private:
   struct position {
     detail::list_node* pred;
-    detail::list_node* cur;  // first node at or past the key's place
-    node* found;             // the live element with the key, or nullptr
+    std::uintptr_t cur_link;  // pred's link to the first node at or past the key's place
+    node* found;              // the live element with the key, or nullptr
   };
 
   // A node is aligned for its Key and Value whatever alignment the caller asks for; a larger
@@ -819,9 +820,10 @@ class hash_map {
     std::uintptr_t link = start->next.load(std::memory_order_acquire);
     // (L7): the next bucket's dummy ends the walk before it is touched.
     if (detail::ends_bucket(link, size_log2)) return nullptr;
-    const detail::list_node* cur = detail::node_of(link);
-    while (cur != nullptr) {
-      const std::uint64_t cur_key = cur->so_key;
+    while (const detail::list_node* cur = detail::node_of(link)) {
+      // A dummy here is one of a level above the size the walk began at: one a grow is
+      // linking or has published since, one a shrink is unlinking, or one a fork left (L8).
+      const std::uint64_t cur_key = list_.so_key_at(link);
       if (cur_key > so_key) return nullptr;  // (L1): sorted
       // Acquire (M2): as above.
       link = cur->next.load(std::memory_order_acquire);
@@ -830,7 +832,6 @@ class hash_map {
         return static_cast<const node*>(cur);
       }
       if (detail::ends_bucket(link, size_log2)) return nullptr;  // (L7): as above
-      cur = detail::node_of(link);
     }
     return nullptr;
   }
@@ -842,29 +843,31 @@ class hash_map {
   retry:
     detail::list_node* pred = start;
     // Acquire (M2): pairs with (M1).
-    detail::list_node* cur = detail::node_of(pred->next.load(std::memory_order_acquire));
+    std::uintptr_t cur_link = pred->next.load(std::memory_order_acquire) & ~detail::kMarked;
     for (;;) {
-      if (cur == nullptr) return {pred, nullptr, nullptr};
+      detail::list_node* cur = detail::node_of(cur_link);
+      if (cur == nullptr) return {pred, 0, nullptr};
       // Acquire (M2): as above.
       const std::uintptr_t next = cur->next.load(std::memory_order_acquire);
       if (detail::is_marked(next)) {
-        std::uintptr_t expected = detail::link_to(cur);
+        std::uintptr_t expected = cur_link;
         // Release (M1): readers through pred see the successor's fields; pairs with (M2).
         if (!pred->next.compare_exchange_strong(expected, next & ~detail::kMarked,
                                                 std::memory_order_release,
                                                 std::memory_order_relaxed)) {
           goto retry;
         }
-        if (!detail::is_dummy(cur)) list_.reclaim(cur);
-        cur = detail::node_of(next);
+        if (!detail::is_dummy_link(cur_link)) list_.reclaim(cur);
+        cur_link = next & ~detail::kMarked;
         continue;
       }
-      if (cur->so_key > so_key) return {pred, cur, nullptr};
-      if (cur->so_key == so_key && equal_(static_cast<node*>(cur)->key, key)) {
-        return {pred, cur, static_cast<node*>(cur)};
+      const std::uint64_t cur_key = list_.so_key_at(cur_link);
+      if (cur_key > so_key) return {pred, cur_link, nullptr};
+      if (cur_key == so_key && equal_(static_cast<node*>(cur)->key, key)) {
+        return {pred, cur_link, static_cast<node*>(cur)};
       }
       pred = cur;
-      cur = detail::node_of(next);
+      cur_link = next;
     }
   }
 
@@ -874,10 +877,10 @@ class hash_map {
       position at = search(start, key, fresh->so_key);
       if (at.found != nullptr) return false;
       // Relaxed: published by the Release CAS below.
-      fresh->next.store(detail::link_to(at.cur), std::memory_order_relaxed);
-      std::uintptr_t expected = detail::link_to(at.cur);
+      fresh->next.store(at.cur_link, std::memory_order_relaxed);
+      std::uintptr_t expected = at.cur_link;
       // Release (M1): the element's fields are visible before it is reachable.
-      if (at.pred->next.compare_exchange_strong(expected, detail::link_to(fresh),
+      if (at.pred->next.compare_exchange_strong(expected, detail::element_link(fresh),
                                                 std::memory_order_release,
                                                 std::memory_order_relaxed)) {
         return true;
@@ -895,12 +898,12 @@ class hash_map {
     // Relaxed: published by the Release CAS below.
     fresh->next.store(next, std::memory_order_relaxed);
     // Release (M1): fresh's fields are visible to every traversal that passes `old`.
-    if (!old->next.compare_exchange_strong(next, detail::link_to(fresh) | detail::kMarked,
+    if (!old->next.compare_exchange_strong(next, detail::element_link(fresh) | detail::kMarked,
                                            std::memory_order_release,
                                            std::memory_order_relaxed)) {
       return false;
     }
-    unlink(start, at.pred, old, detail::link_to(fresh));
+    unlink(start, at.pred, old, detail::element_link(fresh));
     return true;
   }
 
@@ -925,7 +928,7 @@ class hash_map {
   // which another thread may have unlinked and reclaimed already.
   void unlink(detail::list_node* start, detail::list_node* pred, node* old,
               std::uintptr_t successor_link) noexcept {
-    std::uintptr_t expected = detail::link_to(old);
+    std::uintptr_t expected = detail::element_link(old);
     // Release (M1): readers through pred see the successor; pairs with (M2).
     if (pred->next.compare_exchange_strong(expected, successor_link,
                                            std::memory_order_release,
@@ -951,10 +954,10 @@ class hash_map {
         return upsert_result::absent;
       }
       // Relaxed: published by the Release CAS below.
-      fresh->next.store(detail::link_to(at.cur), std::memory_order_relaxed);
-      std::uintptr_t expected = detail::link_to(at.cur);
+      fresh->next.store(at.cur_link, std::memory_order_relaxed);
+      std::uintptr_t expected = at.cur_link;
       // Release (M1): as in link_new().
-      if (at.pred->next.compare_exchange_strong(expected, detail::link_to(fresh),
+      if (at.pred->next.compare_exchange_strong(expected, detail::element_link(fresh),
                                                 std::memory_order_release,
                                                 std::memory_order_relaxed)) {
         return upsert_result::inserted;
@@ -979,8 +982,9 @@ class hash_map {
       // Acquire (M2): pairs with (M1).
       std::uintptr_t link = list_.head()->next.load(std::memory_order_acquire);
       while (detail::list_node* cur = detail::node_of(link)) {
+        const bool dummy = detail::is_dummy_link(link);
         link = cur->next.load(std::memory_order_acquire);  // Acquire (M2): as above.
-        if (detail::is_dummy(cur) || detail::is_marked(link)) continue;
+        if (dummy || detail::is_marked(link)) continue;
         if (erase_element(static_cast<node*>(cur))) ++erased;
       }
     }
@@ -995,8 +999,9 @@ class hash_map {
       // Relaxed: the destructor's thread is the only one using the map.
       std::uintptr_t link = list_.head()->next.load(std::memory_order_relaxed);
       while (detail::list_node* cur = detail::node_of(link)) {
+        const bool dummy = detail::is_dummy_link(link);
         link = cur->next.load(std::memory_order_relaxed);  // read before the node dies
-        if (!detail::is_dummy(cur) && !detail::is_marked(link)) static_cast<node*>(cur)->~node();
+        if (!dummy && !detail::is_marked(link)) static_cast<node*>(cur)->~node();
       }
     }
     pool_.forget_allocated();

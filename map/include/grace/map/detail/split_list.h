@@ -22,8 +22,10 @@
 // prefix 2i+1). At 2^k buckets, prefix t's dummy is that of t without its z trailing zeros:
 // entry t >> (z + 1) of level k - z. The dummies are the level arrays' entries, so a lookup
 // goes hash -> level array entry (the dummy) -> first element, with no bucket-pointer array
-// in between. Growing inserts the next level's dummies into the list and publishes the
-// larger size; no element moves. Shrinking publishes the smaller size, waits one grace
+// in between. Where links carry tags (L7) a dummy is its `next` alone, 8 bytes: its level
+// comes from the tag of any link to it, its so_key from its place in the level. Growing
+// inserts the next level's dummies into the list and publishes the larger size; no element
+// moves. Shrinking publishes the smaller size, waits one grace
 // period (no operation starts from the top level's dummies any more), unlinks those dummies,
 // and frees the level after another grace period.
 //
@@ -46,8 +48,9 @@
 //        it was unlinked, and every operation runs inside a read section: no operation can
 //        hold a node that is reused under it, so no CAS suffers ABA.
 //   (L7) A `next` link carries, besides the mark bit, a tag that is a pure function of the
-//        successor it points to (link_to()): 0 for an element, 1 + level for a dummy of that
-//        level. Every link value is built by link_to() or keeps the bits of one that was, so
+//        successor it points to: 0 for an element (element_link()), 1 + level for a dummy of
+//        that level (dummy_link()). Every link value is built by one of them, by the resizer
+//        that knows the dummy's level, or keeps the bits of one that was, so
 //        a CAS's expected value always matches. Since the successor never changes level, a
 //        link's tag is as stable as its pointer. A lookup that started from bucket b at size
 //        2^k stops at a link tagged with a level <= k without touching the node: that
@@ -64,7 +67,8 @@
 //
 // Ordering guarantees:
 //   (M1) Release CAS of a predecessor's `next` (insert, replace, unlink) publishes the new
-//        node's fields; pairs with the Acquire loads of `next` in every traversal (M2).
+//        node's fields and, for a dummy, its level's pointer, read by so_key_at(); pairs
+//        with the Acquire loads of `next` in every traversal (M2).
 //   (M2) Acquire load of a `next`.
 //   (M3) Release store of size_log2 publishes the linked dummies of a new level and the
 //        level pointer; pairs with the Acquire load in bucket_of() (M4).
@@ -87,6 +91,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "grace/reclaim/detail/cpu.h"
 #include "grace/reclaim/domain.h"
@@ -104,7 +109,9 @@ inline constexpr std::uint64_t kLookIntervalFloor = 64;
 // addresses never use (47 bits, or 56 with 5-level paging) unless pointer tagging is on:
 // HWASan and Intel LAM_U57 tag exactly those bits, so builds with HWASan carry no link tags,
 // and check_untagged() stops a process whose allocator returns tagged addresses. Other
-// targets (aarch64 top-byte tags, 32-bit) carry no tags: lookups read every successor.
+// targets (aarch64 top-byte tags, 32-bit) carry no tags: lookups read every successor, and
+// dummies carry their so_keys. (Defining GRACE_MAP_LINK_TAGS=0 builds that layout here too:
+// tests/map does, to test it.)
 #if defined(__x86_64__) && defined(__LP64__) && !defined(__SANITIZE_HWADDRESS__)
 #if defined(__has_feature)
 #if __has_feature(hwaddress_sanitizer)
@@ -131,16 +138,32 @@ inline void check_untagged(const void* address) noexcept {
   }
 }
 
+// Every node of the list. Where links carry tags (L7), this is all of a dummy: 8 bytes, its
+// so_key implied by its place in its level (split_list::so_key_at()).
 struct list_node {
   std::atomic<std::uintptr_t> next{0};  // successor | its tag (L7) | kMarked
-  std::uint64_t so_key = 0;             // (L1) split-order key
 };
+// An element (hash_map's node derives from it), and a dummy where links carry no tags.
+struct keyed_node : list_node {
+  std::uint64_t so_key = 0;  // (L1) split-order key
+};
+using dummy_node = std::conditional_t<kLinkTags, list_node, keyed_node>;
 
-inline bool is_dummy(const list_node* node) noexcept { return (node->so_key & 1) == 0; }
 inline list_node* node_of(std::uintptr_t link) noexcept {
   return reinterpret_cast<list_node*>(link & ~(kMarked | kTagMask));
 }
 inline bool is_marked(std::uintptr_t link) noexcept { return (link & kMarked) != 0; }
+// (L7): the level tag of a link: 0 for an element (or the end), 1 + level for a dummy.
+inline unsigned tag_of(std::uintptr_t link) noexcept {
+  // Bit 63 of a user-space link is 0, so the shift leaves the tag alone.
+  return static_cast<unsigned>(static_cast<std::uint64_t>(link) >> kTagShift);
+}
+// Whether the node a non-null `link` points to is a dummy: by the link's tag (L7), or, where
+// links carry none, by the node's so_key (L1: a dummy's is even).
+inline bool is_dummy_link(std::uintptr_t link) noexcept {
+  if constexpr (kLinkTags) return tag_of(link) != 0;
+  return (static_cast<const keyed_node*>(node_of(link))->so_key & 1) == 0;
+}
 
 // 2^64 divided by the golden ratio (Fibonacci hashing): bit j of the product depends on bits
 // 0..j of the hash, so the top bits, which choose the bucket, depend on all of them. A Hash
@@ -176,26 +199,22 @@ constexpr dummy_position dummy_position_of(std::uint64_t prefix, unsigned bits) 
   return {bits - zeros, prefix >> (zeros + 1)};
 }
 
-// (L7): the link to `node` with its tag. Reads node->so_key, which never changes while the
-// node is reachable.
-inline std::uintptr_t link_to(const list_node* node) noexcept {
-  const auto address = reinterpret_cast<std::uintptr_t>(node);
-  if (!kLinkTags || node == nullptr || !is_dummy(node)) return address;
-  // A dummy's so_key is its prefix followed by zeros (dummy_so_key): its level is the
-  // prefix's length, 64 - countr_zero(so_key) (0 for prefix 0).
-  const std::uint64_t so_key = node->so_key;
-  const auto level = so_key == 0 ? std::uintptr_t{0}
-                                 : static_cast<std::uintptr_t>(64 - std::countr_zero(so_key));
-  return address | ((level + 1) << kTagShift);
+// (L7): the link to an element (tag 0), and to the dummy of `level`.
+inline std::uintptr_t element_link(const keyed_node* element) noexcept {
+  return reinterpret_cast<std::uintptr_t>(element);
+}
+inline std::uintptr_t dummy_link(const list_node* dummy, unsigned level) noexcept {
+  const auto address = reinterpret_cast<std::uintptr_t>(dummy);
+  if constexpr (!kLinkTags) return address;
+  return address | ((std::uintptr_t{level} + 1) << kTagShift);
 }
 // (L7): whether `link` points to a dummy of level <= size_log2, one of a bucket at
 // 2^size_log2 buckets, which ends the elements of any such bucket that precede it.
 inline bool ends_bucket(std::uintptr_t link, unsigned size_log2) noexcept {
   if constexpr (!kLinkTags) return false;
-  // Bit 63 of a user-space link is 0, so the shift leaves the tag alone; unsigned wrap turns
-  // tag 0 (an element) into a huge value: tag - 1 < size_log2 + 1 <=> 1 <= tag <= size_log2 + 1.
-  const auto tag = static_cast<unsigned>(static_cast<std::uint64_t>(link) >> kTagShift);
-  return tag - 1u < size_log2 + 1u;
+  // Unsigned wrap turns tag 0 (an element) into a huge value:
+  // tag - 1 < size_log2 + 1 <=> 1 <= tag <= size_log2 + 1.
+  return tag_of(link) - 1u < size_log2 + 1u;
 }
 
 // Type erasure for the out-of-line paths (abseil's PolicyFunctions): how to reclaim an
@@ -235,6 +254,23 @@ class split_list {
     return dummy_of_prefix(prefix_of(so_key, size_log2), size_log2);
   }
   list_node* head() const noexcept { return dummy_of_prefix(0, 0); }
+
+  // (L1): the so_key of the node a non-null `link` points to. A dummy's, where links carry
+  // tags, comes from the tag (its level) and its place in that level's array; the caller
+  // holds a read section, so the level outlives the link (L6: a shrink frees a level only
+  // after a grace period since its dummies were unlinked).
+  std::uint64_t so_key_at(std::uintptr_t link) const noexcept {
+    if constexpr (kLinkTags) {
+      if (const unsigned tag = tag_of(link); tag != 0) {
+        // Relaxed: the level was stored before its dummies were linked, and the Acquire load
+        // that found this link (M2) orders it (M1).
+        const dummy_node* level = levels_[tag - 1].load(std::memory_order_relaxed);
+        const auto* dummy = static_cast<const dummy_node*>(node_of(link));
+        return dummy_so_key(tag - 1, static_cast<std::uint64_t>(dummy - level));
+      }
+    }
+    return static_cast<const keyed_node*>(node_of(link))->so_key;
+  }
 
   // Element count bookkeeping. Relaxed: a per-CPU counter, summed on read (size()).
   void count(std::int64_t delta) noexcept {
@@ -287,7 +323,7 @@ class split_list {
 
   // Unlinks `node` (already marked) from the list if still linked, helping along the way;
   // used by updaters whose own unlink CAS failed. Type-erased: reclaims through element_ops.
-  [[gnu::cold, gnu::noinline]] void unlink_slow(list_node* start, list_node* node) noexcept;
+  [[gnu::cold, gnu::noinline]] void unlink_slow(list_node* start, keyed_node* element) noexcept;
 
   // Calls the owner's reclaim for an element this thread unlinked (L3).
   void reclaim(list_node* element) const noexcept { ops_.reclaim(ops_.map, element); }
@@ -301,7 +337,7 @@ class split_list {
   };
 
   // The dummy of the bucket whose prefix, `bits` long, is `prefix` (dummy_position_of()).
-  list_node* dummy_of_prefix(std::uint64_t prefix, unsigned bits) const noexcept {
+  dummy_node* dummy_of_prefix(std::uint64_t prefix, unsigned bits) const noexcept {
     const dummy_position at = dummy_position_of(prefix, bits);
     // Relaxed: ordered by the Acquire load of size_log2 (M4) that bounded `bits`.
     return levels_[at.level].load(std::memory_order_relaxed) + at.index;
@@ -338,9 +374,10 @@ class split_list {
   // Marks and unlinks the dummies of `level`, which size_log2 already excludes, then frees
   // it: the end of a shrink, and the roll-back of (L8).
   void unlink_level(unsigned level) noexcept;
-  void link_dummy(list_node* start, list_node* dummy) noexcept;
-  list_node* allocate_level(unsigned level) noexcept;
-  void free_level(list_node* level_array, unsigned level) noexcept;
+  // Links entry `index` of `level` (its array stored in levels_) after `start`.
+  void link_dummy(list_node* start, unsigned level, std::uint64_t index) noexcept;
+  dummy_node* allocate_level(unsigned level) noexcept;
+  void free_level(dummy_node* level_array, unsigned level) noexcept;
 
   hash_map_config config_;
   domain& domain_;
@@ -359,7 +396,7 @@ class split_list {
   // ends; a CPU whose look found the turn taken tries again kLookIntervalFloor changes later;
   // clear() takes a turn to look.
   std::atomic<std::uint64_t> look_interval_{1};
-  std::atomic<list_node*> levels_[kMaxLevels]{};
+  std::atomic<dummy_node*> levels_[kMaxLevels]{};
   // 0, or (the fork generation of the process whose thread resizes << 1) | 1.
   std::atomic<std::uint32_t> resizing_{0};
   std::atomic<std::uint64_t> grows_{0};
