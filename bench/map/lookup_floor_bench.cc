@@ -1,8 +1,9 @@
 // What a lookup in a chained hash table costs on this machine before any map logic: the floor
 // under grace-bench map's lookup case, and what a read section per lookup adds to it.
 //
-//   BM_bare_chain        bucket array (16-byte entries, like grace's dummies) -> node chain;
-//                        no read section, no hashing beyond the key's own bits
+//   BM_bare_chain        bucket array (8-byte entries, like grace's dummies, twice as many as
+//                        keys, as grace's default load factor gives) -> node chain; no read
+//                        section, no hashing beyond the key's own bits
 //   BM_bare_chain_split_key<reversed | multiplied>   the same walk comparing a split-order
 //                        key first, as a split-ordered list does: the key's bits reversed
 //                        (Shalev & Shavit's order, grace before session 11), or multiplied by
@@ -65,8 +66,9 @@ std::uint64_t split_key(std::uint64_t key) noexcept {
   }
 }
 
-// The bare table: a node per key, chained from 16-byte bucket entries (first node, unused
-// word), as many buckets as keys rounded up to a power of two, as grace's load factor 1 gives.
+// The bare table: a node per key, chained from 8-byte bucket entries (the first node), twice
+// as many buckets as keys rounded up to a power of two, as grace's default grow load factor
+// (0.5) gives.
 struct chain_node {
   chain_node* next;
   std::uint64_t so_key;  // read by check_split_key() only; gives the node grace's layout
@@ -75,14 +77,13 @@ struct chain_node {
 };
 struct bucket_entry {
   chain_node* first;
-  std::uint64_t unused;
 };
 
 template <split_order Order>
 class bare_table {
  public:
   explicit bare_table(std::size_t keys)
-      : mask_(std::bit_ceil(keys) - 1), nodes_(std::make_unique<chain_node[]>(keys)) {
+      : mask_(2 * std::bit_ceil(keys) - 1), nodes_(std::make_unique<chain_node[]>(keys)) {
     const std::size_t bytes = (mask_ + 1) * sizeof(bucket_entry);
     // On huge pages where the system allows, as grace's bucket levels of 2 MiB and more.
     mapped_bytes_ = bytes + kHugePage;
