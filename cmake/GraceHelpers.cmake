@@ -16,17 +16,23 @@ function(grace_cc_library)
   add_library(grace::${ARG_NAME} ALIAS ${target})
 endfunction()
 
-# grace_cc_test(NAME n SRCS ... [DEPS ...] [LABELS ...] [TIMEOUT s] [TEST_PREFIX p])
+# grace_cc_test(NAME n SRCS ... [DEPS ...] [LABELS ...] [TIMEOUT s] [TEST_PREFIX p]
+#               [TEST_FILTER f])
 #   One GoogleTest executable registered with CTest (each TEST a CTest case, its name
-#   prefixed with p: the same sources built twice, against two variants of a library).
+#   prefixed with p: the same sources built twice, against two variants of a library; and
+#   only the tests that the --gtest_filter f selects, when given).
 function(grace_cc_test)
-  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;TEST_PREFIX" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;TEST_PREFIX;TEST_FILTER" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} grace_testing GTest::gtest_main)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  if(NOT ARG_TEST_FILTER)
+    set(ARG_TEST_FILTER "*")
+  endif()
   gtest_discover_tests(${ARG_NAME} DISCOVERY_TIMEOUT 60 TEST_PREFIX "${ARG_TEST_PREFIX}"
+                       TEST_FILTER "${ARG_TEST_FILTER}"
                        PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
 endfunction()
 
