@@ -397,6 +397,9 @@ void reclaim_engine::reset_after_fork_child(std::uint32_t generation) noexcept {
   gp_sleeping_.store(false, std::memory_order_relaxed);
   worker_sleeping_.store(false, std::memory_order_relaxed);
   progress_waiters_.store(0, std::memory_order_relaxed);
+  // The threads that ran the parent's grace periods are gone: hold nothing for them.
+  foreign_gp_ns_.store(0, std::memory_order_relaxed);
+  held_cookie_.store(0, std::memory_order_relaxed);
   // Only the forking thread exists, and it holds no read_guard, so it owes no deferred work.
   deferred_users_.store(0, std::memory_order_relaxed);
   // Threads that had postponed reclaims are gone; the child adopts their lists instead and

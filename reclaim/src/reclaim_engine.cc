@@ -21,9 +21,9 @@
 namespace grace::detail {
 namespace {
 
-// The clock of request hand-overs: CLOCK_MONOTONIC_COARSE, a few ns to read where
-// steady_clock costs ~25 (it is read on every pool request while one is pending), at the
-// kernel tick's resolution (1-4 ms), which only rounds the hand-over time up.
+// The clock of request hand-overs and of foreign_gp_ns_: CLOCK_MONOTONIC_COARSE, a few ns to
+// read where steady_clock costs ~25 (it is read on every pool request while one is pending),
+// at the kernel tick's resolution (1-4 ms), which only rounds those times.
 std::int64_t coarse_now_ns() noexcept {
   timespec now;
   ::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
@@ -68,6 +68,32 @@ void set_up_engine_thread(const char* name, int nice) noexcept {
   }
 }
 
+// The engine whose GP thread the calling thread is, if any: its grace periods are not the
+// "run elsewhere" ones that hold_batch() waits for.
+constinit thread_local const reclaim_engine* tls_gp_thread_of = nullptr;
+
+// What a chain of submitted nodes holds, from `newest` down to, not including, `end`.
+struct chain_summary {
+  batch_node* oldest = nullptr;
+  std::uint64_t newest_cookie = 0;  // the largest gp_cookie of its blocks
+  bool has_objects = false;
+  bool has_marker = false;  // a barrier_marker
+};
+chain_summary summarize(batch_node* newest, const batch_node* end = nullptr) noexcept {
+  chain_summary summary;
+  for (batch_node* node = newest; node != end && node != nullptr; node = node->next) {
+    summary.oldest = node;
+    if (node->node_kind == batch_node::kind::objects) {
+      summary.has_objects = true;
+      summary.newest_cookie =
+          std::max(summary.newest_cookie, static_cast<retire_block*>(node)->gp_cookie);
+    } else {
+      summary.has_marker = true;
+    }
+  }
+  return summary;
+}
+
 // Pushes the chain newest..oldest onto a Treiber stack; returns the previous head.
 batch_node* push_chain(std::atomic<batch_node*>& stack, batch_node* newest,
                        batch_node* oldest) noexcept {
@@ -86,10 +112,10 @@ batch_node* push_chain(std::atomic<batch_node*>& stack, batch_node* newest,
 
 reclaim_engine::reclaim_engine(domain& owner)
     : owner_(owner),
-      takeover_after_ns_(
+      gp_delay_ns_(
           std::chrono::duration_cast<std::chrono::nanoseconds>(owner.options_.requested_gp_delay)
-              .count() /
-          4),
+              .count()),
+      takeover_after_ns_(gp_delay_ns_ / 4),
       fork_held_blocks_(std::make_unique<retire_block*[]>(owner.shard_mask_ + 1)) {
   if (const int error = install_fork_handlers(); error != 0) {
     throw std::system_error(error, std::generic_category(),
@@ -319,6 +345,52 @@ void reclaim_engine::run_grace_period() noexcept {
                                                      std::memory_order_relaxed)) {
   }
   grace_periods_.fetch_add(1, std::memory_order_relaxed);
+  if (tls_gp_thread_of == this) return;
+  // Relaxed: a hint for hold_batch(); what it lets through still waits for `completed`.
+  foreign_gp_ns_.store(coarse_now_ns(), std::memory_order_relaxed);
+  // SeqCst: a Dekker pair with hold_batch()'s store of the cookie and the GP thread's
+  // `completed` loads after it: either it sees this grace period, or we see its cookie.
+  const std::uint64_t held = held_cookie_.load(std::memory_order_seq_cst);
+  if (held != 0 && held <= ticket) wake_gp_thread();
+}
+
+bool reclaim_engine::foreign_gp_recent() const noexcept {
+  // Relaxed: a hint; an old time only lets a batch go at once, as it always went.
+  const std::int64_t at = foreign_gp_ns_.load(std::memory_order_relaxed);
+  return at != 0 && coarse_now_ns() - at < gp_delay_ns_;
+}
+
+bool reclaim_engine::hold_batch(batch_hold& hold,
+                                std::chrono::steady_clock::time_point now) noexcept {
+  const domain_options& options = owner_.options_;
+  // Acquire: a look at the chain without taking it; pairs with the SeqCst pushes (R1), whose
+  // release sequence every later push continues. Only this thread takes from submitted_, so
+  // the nodes below the head stay as they were pushed while it looks.
+  batch_node* newest = submitted_.load(std::memory_order_acquire);
+  // Relaxed: hints; each only lets the chain go at once, as it always went.
+  const bool hold_allowed =
+      newest != nullptr && options.batching != batching::per_object &&
+      !flush_requested_.load(std::memory_order_relaxed) &&
+      !stopping_.load(std::memory_order_relaxed) &&
+      pending_objects() <= options.soft_limit_objects / 2 &&
+      pending_bytes() <= options.soft_limit_bytes / 2 && foreign_gp_recent();
+  // Only the nodes pushed since the last look: those below them have not changed.
+  const chain_summary added = hold_allowed ? summarize(newest, hold.newest) : chain_summary{};
+  if (!hold_allowed || added.has_marker) {  // a barrier() waits for its marker
+    held_cookie_.store(0, std::memory_order_relaxed);  // Relaxed: only a wake hint is lost
+    return false;
+  }
+  hold.cookie = std::max(hold.cookie, added.newest_cookie);
+  hold.newest = newest;
+  // SeqCst: the other half of run_grace_period()'s Dekker pair, with the load below.
+  held_cookie_.store(hold.cookie, std::memory_order_seq_cst);
+  if (!hold.until) hold.until = now + options.requested_gp_delay;
+  // SeqCst: see above. A covered chain goes now, and process_batch() runs no grace period.
+  if (owner_.gp_.completed.load(std::memory_order_seq_cst) >= hold.cookie || now >= *hold.until) {
+    held_cookie_.store(0, std::memory_order_relaxed);  // Relaxed: as above
+    return false;
+  }
+  return true;
 }
 
 bool reclaim_engine::track_request(request_timer& timer,
@@ -345,17 +417,23 @@ bool reclaim_engine::track_request(request_timer& timer,
 
 void reclaim_engine::gp_thread_main() noexcept {
   set_up_engine_thread("grace-gp", 0);
+  tls_gp_thread_of = this;
   using clock = std::chrono::steady_clock;
   const auto drain_interval = owner_.options_.drain_interval;
   auto last_flush = clock::now();
   request_timer request;
+  batch_hold hold;
   for (;;) {
-    // fork(): the safe point, holding no batch and no shard. Relaxed: a hint;
-    // fork_park_point() reads it again with Acquire.
+    // fork(): the safe point, holding no batch and no shard (a held chain stays in
+    // submitted_). Relaxed: a hint; fork_park_point() reads it again with Acquire.
     if (fork_park_.load(std::memory_order_relaxed) & 1) [[unlikely]] fork_park_point(gp_parked_);
-    // Acquire (R2): take every submitted node with the fields its pusher wrote; pairs with
-    // the SeqCst push (R1) in submit().
-    batch_node* batch = submitted_.exchange(nullptr, std::memory_order_acquire);
+    batch_node* batch = nullptr;
+    if (!hold_batch(hold, clock::now())) {
+      hold = {};
+      // Acquire (R2): take every submitted node with the fields its pusher wrote; pairs with
+      // the SeqCst push (R1) in submit().
+      batch = submitted_.exchange(nullptr, std::memory_order_acquire);
+    }
     if (batch != nullptr) process_batch(batch);
 
     const auto now = clock::now();
@@ -389,8 +467,13 @@ void reclaim_engine::gp_thread_main() noexcept {
     // SeqCst: Dekker pair with submit()/note_block_opened(): after this store, either we see
     // their push/flag below or they see us asleep and bump gp_wake_.
     gp_sleeping_.store(true, std::memory_order_seq_cst);
-    // SeqCst: the other half of the Dekker pair above.
-    const bool work_waiting = submitted_.load(std::memory_order_seq_cst) != nullptr ||
+    // SeqCst: the other half of the Dekker pair above. A held chain is no work until a
+    // push adds to it, a grace period covers it (SeqCst: the second `completed` load of
+    // run_grace_period()'s Dekker pair, after gp_wake_'s), or its hold ends.
+    const batch_node* submitted = submitted_.load(std::memory_order_seq_cst);
+    const bool work_waiting = (submitted != nullptr && submitted != hold.newest) ||
+                              (hold.until && owner_.gp_.completed.load(
+                                                 std::memory_order_seq_cst) >= hold.cookie) ||
                               flush_requested_.load(std::memory_order_seq_cst) ||
                               stopping_.load(std::memory_order_seq_cst) ||
                               // SeqCst (fork): a Dekker pair with request_park_for_fork()'s
@@ -407,6 +490,7 @@ void reclaim_engine::gp_thread_main() noexcept {
       if (track_request(request, clock::now())) {
         deadline = deadline ? std::min(*deadline, *request.deadline) : *request.deadline;
       }
+      if (hold.until) deadline = deadline ? std::min(*deadline, *hold.until) : *hold.until;
       if (!deadline) {
         futex_wait(gp_wake_, seen);
       } else if (const auto left = *deadline - clock::now(); left > clock::duration::zero()) {
@@ -445,23 +529,15 @@ void reclaim_engine::process_batch(batch_node* newest) noexcept {
     }
     return;
   }
-  std::uint64_t newest_cookie = 0;
-  bool has_objects = false;
-  batch_node* oldest = newest;
-  for (batch_node* node = newest; node != nullptr; node = node->next) {
-    oldest = node;
-    if (node->node_kind == batch_node::kind::objects) {
-      has_objects = true;
-      newest_cookie = std::max(newest_cookie, static_cast<retire_block*>(node)->gp_cookie);
-    }
-  }
-  if (has_objects) {
+  const chain_summary chain = summarize(newest);
+  if (chain.has_objects) {
     // (I3): a grace period that began after every block in the chain was submitted, unless
-    // one (run by synchronize() or a back-pressured retirer) already did.
-    if (!owner_.gp_elapsed(newest_cookie)) run_grace_period();
+    // one already did: run by synchronize(), a back-pressured retirer, or a pool's thread
+    // (synchronize_when_unpinned()) while hold_batch() held the chain.
+    if (!owner_.gp_elapsed(chain.newest_cookie)) run_grace_period();
     batches_.fetch_add(1, std::memory_order_relaxed);
   }
-  pass_to_worker(newest, oldest);
+  pass_to_worker(newest, chain.oldest);
 }
 
 void reclaim_engine::pass_to_worker(batch_node* newest, batch_node* oldest) noexcept {

@@ -92,6 +92,21 @@ class reclaim_engine {
   // keeps or clears the timer.
   bool track_request(request_timer& timer,
                      std::chrono::steady_clock::time_point now) const noexcept;
+  // The GP thread's view of the submitted chain it leaves in submitted_ for now (hold_batch()).
+  struct batch_hold {
+    std::optional<std::chrono::steady_clock::time_point> until;  // set while holding
+    const batch_node* newest = nullptr;  // submitted_'s head when last looked at
+    std::uint64_t cookie = 0;            // the largest gp_cookie of the chain below it
+  };
+  // Whether to leave the submitted chain in submitted_ for now. While other threads run
+  // grace periods (one completed within requested_gp_delay), a chain of blocks waits, at
+  // most requested_gp_delay, for one of theirs that covers its cookies (run_grace_period()
+  // wakes the GP thread for it), instead of the GP thread running one of its own, which
+  // under load costs far more. Never with a barrier() marker in the chain, pending memory
+  // over half the soft limits, a flush requested or a stop under way. Starts, keeps or
+  // clears `hold`, and publishes its cookie in held_cookie_.
+  bool hold_batch(batch_hold& hold, std::chrono::steady_clock::time_point now) noexcept;
+  bool foreign_gp_recent() const noexcept;
   bool over_soft_limit() const noexcept;
   // Child of fork(): pending = what the child's blocks hold (reset_after_fork_child()).
   void recount_pending_after_fork_child() noexcept;
@@ -113,7 +128,14 @@ class reclaim_engine {
   // When the pending request began (coarse monotonic clock, ns), and how long it may wait
   // before the next requester answers it itself (a quarter of requested_gp_delay).
   std::atomic<std::int64_t> request_since_ns_{0};
+  const std::int64_t gp_delay_ns_;  // requested_gp_delay
   const std::int64_t takeover_after_ns_;
+  // When a thread other than the GP thread last completed a grace period (coarse monotonic
+  // clock, ns; 0: never): while that is recent, the GP thread holds batches (hold_batch()).
+  std::atomic<std::int64_t> foreign_gp_ns_{0};
+  // The cookie of the chain the GP thread holds, 0 if none: a grace period that covers it
+  // wakes the GP thread.
+  std::atomic<std::uint64_t> held_cookie_{0};
   // Threads owing this engine deferred work (deferred_use_begin/end), plus kDeferredWaiter
   // once the destructor waits for them.
   static constexpr std::uint32_t kDeferredWaiter = std::uint32_t{1} << 31;

@@ -675,6 +675,46 @@ TEST(Domain, RequestsMadeWhileOneIsPendingAreAnsweredToo) {
   }
 }
 
+// While other threads run grace periods, the engine holds a batch for one of theirs (up to
+// requested_gp_delay) instead of running its own, and wakes as soon as one covers it.
+TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs) {
+  gt::instance_tracker tracker(1);
+  grace::domain d({.drain_interval = 1ms, .requested_gp_delay = 5s});
+  std::thread([&] { d.synchronize(); }).join();  // a grace period run elsewhere, just now
+  const std::uint64_t before = d.stats().grace_periods;
+  d.retire(new gt::tracked(tracker, 0));
+  std::this_thread::sleep_for(300ms);  // drained after 1 ms, then held
+  EXPECT_EQ(tracker.destroyed_count(0), 0u)
+      << "the engine ran a grace period of its own while another thread was running them";
+  std::thread([&] { d.synchronize(); }).join();
+  EXPECT_TRUE(gt::eventually([&] { return tracker.destroyed_count(0) == 1; }, 3s))
+      << "the held batch was not freed after a grace period that covered it";
+  EXPECT_EQ(d.stats().grace_periods, before + 1)
+      << "the engine ran a grace period for a batch another thread's had covered";
+  d.barrier();
+}
+
+TEST(Domain, BarrierAndTheDestructorDoNotWaitForABatchHeldForAnotherThreadsGracePeriod) {
+  gt::watchdog dog(kNoDeadlock, "barrier() and ~domain() with a held batch");
+  gt::instance_tracker tracker(2);
+  auto d = std::make_unique<grace::domain>(
+      grace::domain_options{.drain_interval = 1ms, .requested_gp_delay = 10s});
+  std::thread([&] { d->synchronize(); }).join();
+  d->retire(new gt::tracked(tracker, 0));
+  std::this_thread::sleep_for(100ms);  // held, for up to 10 s
+  auto start = std::chrono::steady_clock::now();
+  d->barrier();
+  EXPECT_EQ(tracker.destroyed_count(0), 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "barrier() waited for the hold";
+  std::thread([&] { d->synchronize(); }).join();
+  d->retire(new gt::tracked(tracker, 1));
+  std::this_thread::sleep_for(100ms);
+  start = std::chrono::steady_clock::now();
+  d.reset();
+  EXPECT_EQ(tracker.destroyed_count(1), 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "~domain() waited for the hold";
+}
+
 TEST_P(DomainBatching, PartialBatchIsReclaimedWithinTheDrainIntervalWithoutBarrier) {
   gt::instance_tracker tracker(2);
   grace::domain d(options(5ms));

@@ -13,8 +13,9 @@
 //
 // Threads: each domain runs a grace-period thread (runs liburcu's synchronize_rcu() for
 // whole batches, never more than needed, with no limit of one grace period in flight: the
-// next begins as soon as one ends while work is waiting) and a reclaim worker (runs the
-// deleters, oldest batch first). Retiring threads never run deleters, except on the
+// next begins as soon as one ends while work is waiting; but while other threads run grace
+// periods, a batch waits up to requested_gp_delay for one of theirs) and a reclaim worker
+// (runs the deleters, oldest batch first). Retiring threads never run deleters, except on the
 // emergency path (no memory for a block). The grace-period thread answers request_gp()
 // only when no other grace period has within requested_gp_delay: under load, one run by a
 // thread between its read sections is far cheaper (reclaim/README.md, "Grace periods on
@@ -91,7 +92,10 @@ struct domain_options {
   // request_gp_claiming_overdue() hands it to one caller. Under load, a thread that makes
   // garbage pays for a grace period at its quiescent point with ~2 membarrier() calls, where
   // the engine's thread, competing with it for a core and woken by every reader that leaves,
-  // can need hundreds. Range: 0 (at once) to 10 s.
+  // can need hundreds. For the same reason, while a thread other than the engine's has
+  // completed a grace period within this delay, a batch of retired objects waits, at most
+  // this long, for a grace period run elsewhere (never one a barrier() waits for, nor with
+  // pending memory over half the soft limits). Range: 0 (at once) to 10 s.
   std::chrono::microseconds requested_gp_delay{10000};
   enum batching batching = batching::per_cpu_blocks;
   // The reclaim worker's nice value, 0 to 19. The worker runs the deleters; on a busy

@@ -30,7 +30,8 @@
 // Ordering guarantees:
 //   (R1) Release CAS push onto submitted_ / reclaim_queue_ publishes the node's fields; pairs
 //        with the Acquire exchange that takes the whole stack (R2).
-//   (R2) Acquire exchange(nullptr) on submitted_ / reclaim_queue_.
+//   (R2) Acquire exchange(nullptr) on submitted_ / reclaim_queue_; and the GP thread's Acquire
+//        load of submitted_ that looks at the chain without taking it (hold_batch()).
 //   (R3) Acquire exchange(shard_held()) on shard.open takes the shard and its block with the
 //        entries written by the previous holder; pairs with the Release store (R4).
 //   (R4) Release store of a block or nullptr to shard.open ends a hold; Release CAS
