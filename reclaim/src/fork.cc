@@ -23,8 +23,9 @@
 //     half built. pthread_atfork() itself is called through pthread_once(), which glibc
 //     restarts in a child whose parent was inside it.
 //   - Each engine's GP thread and worker hold batches in local variables while they work.
-//     prepare parks both at a safe point (GP thread: the top of its loop, holding nothing;
-//     worker: between two nodes, the rest of its chain in worker_backlog_). So every block
+//     prepare parks both at a safe point (GP thread: the top of its loop, holding nothing,
+//     a chain it holds for a grace period run elsewhere still in submitted_; worker: between
+//     two nodes, the rest of its chain in worker_backlog_). So every block
 //     is in submitted_, reclaim_queue_, worker_backlog_, a shard, or a spare slot. (With
 //     batching::per_object the GP thread parks only after its whole batch, one grace period
 //     per object: that mode is a reference, not a configuration to fork with.) A deleter
@@ -43,7 +44,8 @@
 //     std::thread objects are constructed over them and the threads started again.
 //   - Counters a dead thread may have left behind: emergency_outstanding_ (recounted from
 //     the postponed reclaims the child adopts, see thread_registry.cc), progress_waiters_,
-//     the sleeping flags: reset in the child. Tickets (gp_.started/completed) are changed
+//     the sleeping flags, and the hint of grace periods run elsewhere (foreign_gp_ns_,
+//     held_cookie_): reset in the child. Tickets (gp_.started/completed) are changed
 //     only inside the gate. The pending counts are recounted from what the child holds
 //     (back-pressure waits for them to fall); other statistics may be off by what was in
 //     flight.

@@ -348,8 +348,10 @@ void reclaim_engine::run_grace_period() noexcept {
   if (tls_gp_thread_of == this) return;
   // Relaxed: a hint for hold_batch(); what it lets through still waits for `completed`.
   foreign_gp_ns_.store(coarse_now_ns(), std::memory_order_relaxed);
-  // SeqCst: a Dekker pair with hold_batch()'s store of the cookie and the GP thread's
-  // `completed` loads after it: either it sees this grace period, or we see its cookie.
+  // SeqCst: a Dekker pair with hold_batch()'s store of the cookie and its `completed` load:
+  // either the GP thread sees this grace period, or we see its cookie. (When our CAS did not
+  // run, the thread whose CAS raised `completed` past our ticket made this check, or is the
+  // GP thread, which looks again in hold_batch().)
   const std::uint64_t held = held_cookie_.load(std::memory_order_seq_cst);
   if (held != 0 && held <= ticket) wake_gp_thread();
 }
@@ -377,7 +379,7 @@ bool reclaim_engine::hold_batch(batch_hold& hold,
   // Only the nodes pushed since the last look: those below them have not changed.
   const chain_summary added = hold_allowed ? summarize(newest, hold.newest) : chain_summary{};
   if (!hold_allowed || added.has_marker) {  // a barrier() waits for its marker
-    held_cookie_.store(0, std::memory_order_relaxed);  // Relaxed: only a wake hint is lost
+    end_hold(hold);
     return false;
   }
   hold.cookie = std::max(hold.cookie, added.newest_cookie);
@@ -385,12 +387,20 @@ bool reclaim_engine::hold_batch(batch_hold& hold,
   // SeqCst: the other half of run_grace_period()'s Dekker pair, with the load below.
   held_cookie_.store(hold.cookie, std::memory_order_seq_cst);
   if (!hold.until) hold.until = now + options.requested_gp_delay;
-  // SeqCst: see above. A covered chain goes now, and process_batch() runs no grace period.
+  // SeqCst: observes a foreign grace period's completion (the Dekker pair above). A covered
+  // chain goes now, and process_batch() runs no grace period for it unless nodes pushed
+  // since raise its cookie.
   if (owner_.gp_.completed.load(std::memory_order_seq_cst) >= hold.cookie || now >= *hold.until) {
-    held_cookie_.store(0, std::memory_order_relaxed);  // Relaxed: as above
+    end_hold(hold);
     return false;
   }
   return true;
+}
+
+void reclaim_engine::end_hold(batch_hold& hold) noexcept {
+  if (!hold.until) return;  // no store, so the hot paths that read this line keep it shared
+  held_cookie_.store(0, std::memory_order_relaxed);  // Relaxed: a stale cookie costs one wake
+  hold = {};
 }
 
 bool reclaim_engine::track_request(request_timer& timer,
@@ -429,7 +439,6 @@ void reclaim_engine::gp_thread_main() noexcept {
     if (fork_park_.load(std::memory_order_relaxed) & 1) [[unlikely]] fork_park_point(gp_parked_);
     batch_node* batch = nullptr;
     if (!hold_batch(hold, clock::now())) {
-      hold = {};
       // Acquire (R2): take every submitted node with the fields its pusher wrote; pairs with
       // the SeqCst push (R1) in submit().
       batch = submitted_.exchange(nullptr, std::memory_order_acquire);
@@ -461,15 +470,17 @@ void reclaim_engine::gp_thread_main() noexcept {
       continue;
     }
 
-    // Sleep until a push, a request, or the drain deadline of an open block.
-    // Acquire: pairs with the SeqCst fetch_add in wake_gp_thread().
+    // Sleep until a push, a request, the drain deadline of an open block, or a grace period
+    // that covers a held chain. Acquire: pairs with the SeqCst fetch_add in
+    // wake_gp_thread(); from run_grace_period(), it makes the covering completion visible.
     const std::uint32_t seen = gp_wake_.load(std::memory_order_acquire);
     // SeqCst: Dekker pair with submit()/note_block_opened(): after this store, either we see
     // their push/flag below or they see us asleep and bump gp_wake_.
     gp_sleeping_.store(true, std::memory_order_seq_cst);
     // SeqCst: the other half of the Dekker pair above. A held chain is no work until a
-    // push adds to it, a grace period covers it (SeqCst: the second `completed` load of
-    // run_grace_period()'s Dekker pair, after gp_wake_'s), or its hold ends.
+    // push adds to it, a grace period covers it, or its hold ends. The `completed` load
+    // observes a covering grace period whose wake `seen` already counts: the Acquire load of
+    // gp_wake_ made its completion visible (Relaxed would do).
     const batch_node* submitted = submitted_.load(std::memory_order_seq_cst);
     const bool work_waiting = (submitted != nullptr && submitted != hold.newest) ||
                               (hold.until && owner_.gp_.completed.load(

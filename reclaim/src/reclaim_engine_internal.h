@@ -96,7 +96,7 @@ class reclaim_engine {
   struct batch_hold {
     std::optional<std::chrono::steady_clock::time_point> until;  // set while holding
     const batch_node* newest = nullptr;  // submitted_'s head when last looked at
-    std::uint64_t cookie = 0;            // the largest gp_cookie of the chain below it
+    std::uint64_t cookie = 0;            // the largest gp_cookie from `newest` down
   };
   // Whether to leave the submitted chain in submitted_ for now. While other threads run
   // grace periods (one completed within requested_gp_delay), a chain of blocks waits, at
@@ -106,6 +106,7 @@ class reclaim_engine {
   // over half the soft limits, a flush requested or a stop under way. Starts, keeps or
   // clears `hold`, and publishes its cookie in held_cookie_.
   bool hold_batch(batch_hold& hold, std::chrono::steady_clock::time_point now) noexcept;
+  void end_hold(batch_hold& hold) noexcept;
   bool foreign_gp_recent() const noexcept;
   bool over_soft_limit() const noexcept;
   // Child of fork(): pending = what the child's blocks hold (reset_after_fork_child()).

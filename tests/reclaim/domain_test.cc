@@ -683,7 +683,9 @@ TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs
   std::thread([&] { d.synchronize(); }).join();  // a grace period run elsewhere, just now
   const std::uint64_t before = d.stats().grace_periods;
   d.retire(new gt::tracked(tracker, 0));
-  std::this_thread::sleep_for(300ms);  // drained after 1 ms, then held
+  // Drained after 1 ms (before the next grace period, or the hold lasts its whole delay).
+  ASSERT_TRUE(gt::eventually([&] { return d.stats().blocks == 1; }, 3s));
+  std::this_thread::sleep_for(300ms);  // held
   EXPECT_EQ(tracker.destroyed_count(0), 0u)
       << "the engine ran a grace period of its own while another thread was running them";
   std::thread([&] { d.synchronize(); }).join();
@@ -694,6 +696,7 @@ TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs
   d.barrier();
 }
 
+// (~domain() calls barrier() first: its half checks that nothing after that waits either.)
 TEST(Domain, BarrierAndTheDestructorDoNotWaitForABatchHeldForAnotherThreadsGracePeriod) {
   gt::watchdog dog(kNoDeadlock, "barrier() and ~domain() with a held batch");
   gt::instance_tracker tracker(2);
@@ -702,6 +705,7 @@ TEST(Domain, BarrierAndTheDestructorDoNotWaitForABatchHeldForAnotherThreadsGrace
   std::thread([&] { d->synchronize(); }).join();
   d->retire(new gt::tracked(tracker, 0));
   std::this_thread::sleep_for(100ms);  // held, for up to 10 s
+  ASSERT_EQ(tracker.destroyed_count(0), 0u) << "not held: the test would show nothing";
   auto start = std::chrono::steady_clock::now();
   d->barrier();
   EXPECT_EQ(tracker.destroyed_count(0), 1u);
