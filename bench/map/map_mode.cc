@@ -414,7 +414,8 @@ class grace_stats_probe<grace_map_of<Value>> {
     std::fprintf(
         stderr,
         "# grace use_case=%s keys=%llu: size=%llu buckets=%llu grows=+%llu "
-        "shrinks=+%llu grace_periods=+%llu pool: allocated=+%llu fresh=+%llu "
+        "shrinks=+%llu grace_periods=+%llu batches=+%llu batches_without_own_gp=+%llu "
+        "pool: allocated=+%llu fresh=+%llu "
         "reused_from_chunks=+%llu reused_after_gp=+%llu waiting_for_gp=%llu held_mib=%.2f "
         "peak_held_mib=%.2f\n",
         use_case_, static_cast<unsigned long long>(keys_),
@@ -423,6 +424,9 @@ class grace_stats_probe<grace_map_of<Value>> {
         static_cast<unsigned long long>(after.shrinks - before_.shrinks),
         static_cast<unsigned long long>(after.reclamation.grace_periods -
                                         before_.reclamation.grace_periods),
+        static_cast<unsigned long long>(after.reclamation.batches - before_.reclamation.batches),
+        static_cast<unsigned long long>(after.reclamation.batches_without_own_gp -
+                                        before_.reclamation.batches_without_own_gp),
         static_cast<unsigned long long>(after.pool.allocated - before_.pool.allocated),
         static_cast<unsigned long long>(after.pool.fresh - before_.pool.fresh),
         static_cast<unsigned long long>(after.pool.reused_from_chunks -

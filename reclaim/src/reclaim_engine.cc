@@ -545,7 +545,11 @@ void reclaim_engine::process_batch(batch_node* newest) noexcept {
     // (I3): a grace period that began after every block in the chain was submitted, unless
     // one already did: run by synchronize(), a back-pressured retirer, or a pool's thread
     // (synchronize_when_unpinned()) while hold_batch() held the chain.
-    if (!owner_.gp_elapsed(chain.newest_cookie)) run_grace_period();
+    if (!owner_.gp_elapsed(chain.newest_cookie)) {
+      run_grace_period();
+    } else {
+      batches_without_own_gp_.fetch_add(1, std::memory_order_relaxed);
+    }
     batches_.fetch_add(1, std::memory_order_relaxed);
   }
   pass_to_worker(newest, chain.oldest);
@@ -784,6 +788,7 @@ domain_stats reclaim_engine::stats() const noexcept {
   s.peak_pending_objects = peak_pending_objects_.load(std::memory_order_relaxed);
   s.peak_pending_bytes = peak_pending_bytes_.load(std::memory_order_relaxed);
   s.batches = batches_.load(std::memory_order_relaxed);
+  s.batches_without_own_gp = batches_without_own_gp_.load(std::memory_order_relaxed);
   s.blocks = blocks_.load(std::memory_order_relaxed);
   s.forced_drains = forced_drains_.load(std::memory_order_relaxed);
   s.backpressure_waits = backpressure_waits_.load(std::memory_order_relaxed);

@@ -168,6 +168,7 @@ class reclaim_engine {
   alignas(64) std::atomic<std::uint64_t> reclaimed_objects_{0};
   std::atomic<std::uint64_t> reclaimed_bytes_{0};
   std::atomic<std::uint64_t> batches_{0};
+  std::atomic<std::uint64_t> batches_without_own_gp_{0};
   std::atomic<std::uint64_t> grace_periods_{0};
 
   // fork() support (fork.cc). fork_park_ is odd while a fork parks the threads; each thread

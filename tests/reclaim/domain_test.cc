@@ -218,6 +218,7 @@ TEST(Domain, StatsCountRetiredReclaimedBlocksAndGracePeriods) {
   EXPECT_EQ(fresh.reclaimed, 0u);
   EXPECT_EQ(fresh.pending_objects, 0u);
   EXPECT_EQ(fresh.blocks, 0u);
+  EXPECT_EQ(fresh.batches_without_own_gp, 0u);
 
   for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
   d.barrier();
@@ -234,6 +235,7 @@ TEST(Domain, StatsCountRetiredReclaimedBlocksAndGracePeriods) {
   EXPECT_GE(first.blocks, (kObjects + kCapacity - 1) / kCapacity);
   EXPECT_GE(first.batches, 1u);
   EXPECT_LE(first.batches, first.blocks);
+  EXPECT_LE(first.batches_without_own_gp, first.batches);
   EXPECT_EQ(first.forced_drains, 0u);
   EXPECT_EQ(first.backpressure_waits, 0u);
   EXPECT_EQ(first.emergency_frees, 0u);
@@ -681,7 +683,7 @@ TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs
   gt::instance_tracker tracker(1);
   grace::domain d({.drain_interval = 1ms, .requested_gp_delay = 5s});
   std::thread([&] { d.synchronize(); }).join();  // a grace period run elsewhere, just now
-  const std::uint64_t before = d.stats().grace_periods;
+  const grace::domain_stats before = d.stats();
   d.retire(new gt::tracked(tracker, 0));
   // Drained after 1 ms (before the next grace period, or the hold lasts its whole delay).
   ASSERT_TRUE(gt::eventually([&] { return d.stats().blocks == 1; }, 3s));
@@ -691,8 +693,12 @@ TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs
   std::thread([&] { d.synchronize(); }).join();
   EXPECT_TRUE(gt::eventually([&] { return tracker.destroyed_count(0) == 1; }, 3s))
       << "the held batch was not freed after a grace period that covered it";
-  EXPECT_EQ(d.stats().grace_periods, before + 1)
+  const grace::domain_stats after = d.stats();
+  EXPECT_EQ(after.grace_periods, before.grace_periods + 1)
       << "the engine ran a grace period for a batch another thread's had covered";
+  EXPECT_EQ(after.batches, before.batches + 1);
+  EXPECT_EQ(after.batches_without_own_gp, before.batches_without_own_gp + 1)
+      << "a batch freed after another thread's grace period was not counted as such";
   d.barrier();
 }
 

@@ -122,6 +122,8 @@ struct domain_stats {
   std::uint64_t peak_pending_objects = 0;
   std::uint64_t peak_pending_bytes = 0;
   std::uint64_t batches = 0;               // groups of blocks reclaimed after one wait
+  std::uint64_t batches_without_own_gp = 0;  // of those, freed after a grace period another
+                                             // thread ran: the engine ran none for them
   std::uint64_t blocks = 0;                // blocks handed to the engine
   std::uint64_t forced_drains = 0;         // soft limit crossed: shards drained at once
   std::uint64_t backpressure_waits = 0;    // a retiring thread waited (back-pressure)
