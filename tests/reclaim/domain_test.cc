@@ -702,6 +702,21 @@ TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs
   d.barrier();
 }
 
+TEST(Domain, WithNoRequestedDelayABatchIsNeverHeldForAnotherThreadsGracePeriod) {
+  gt::instance_tracker tracker(1);
+  grace::domain d({.drain_interval = 1ms, .requested_gp_delay = 0us});
+  std::thread([&] { d.synchronize(); }).join();  // a grace period run elsewhere, just now
+  const grace::domain_stats before = d.stats();
+  d.retire(new gt::tracked(tracker, 0));
+  EXPECT_TRUE(gt::eventually([&] { return tracker.destroyed_count(0) == 1; }, 3s))
+      << "a batch was not freed although requested_gp_delay is 0";
+  const grace::domain_stats after = d.stats();
+  EXPECT_EQ(after.batches, before.batches + 1);
+  EXPECT_EQ(after.batches_without_own_gp, before.batches_without_own_gp)
+      << "the batch waited for another thread's grace period";
+  EXPECT_GE(after.grace_periods, before.grace_periods + 1);
+}
+
 // (~domain() calls barrier() first: its half checks that nothing after that waits either.)
 TEST(Domain, BarrierAndTheDestructorDoNotWaitForABatchHeldForAnotherThreadsGracePeriod) {
   gt::watchdog dog(kNoDeadlock, "barrier() and ~domain() with a held batch");

@@ -4,7 +4,8 @@
 //
 // Order: retired objects across the fork (the global domain, with work in every pipeline
 // stage); a reader thread inside a read section at the fork (also holding a postponed
-// emergency reclamation); another thread retiring at the fork; domains created and destroyed
+// emergency reclamation); a batch held for another thread's grace period at the fork;
+// another thread retiring at the fork; domains created and destroyed
 // around the fork; a fork in the child; a fork while another thread builds the global domain;
 // misuse (fork() inside a read section or a deleter).
 //
@@ -252,6 +253,38 @@ TEST(DomainFork, TheChildReclaimsWhatAThreadPostponedToTheEndOfItsReadSection) {
   memory.fail_all(false);
   EXPECT_TRUE(tracker.each_destroyed_once(0, 1));
   EXPECT_GE(d.stats().emergency_frees, 1u);
+}
+#endif
+
+#if !GRACE_TESTING_TSAN  // see above: the child starts threads
+TEST(DomainFork, ABatchHeldForAnotherThreadsGracePeriodAtTheForkIsFreedInTheChildAtOnce) {
+  // The parent's GP thread holds the batch for up to 10 s, for a grace period another of its
+  // threads may run. The child has no such thread: its GP thread must run its own grace period
+  // for the batch, not wait out the parent's hold.
+  gt::instance_tracker tracker(1);
+  grace::domain d({.drain_interval = 1ms, .requested_gp_delay = 10s});
+  grace::domain::global().barrier();  // idle: no grace period in flight at the fork
+  std::thread([&] { d.synchronize(); }).join();  // a grace period run elsewhere, just now
+  d.retire(new gt::tracked(tracker, 0));
+  ASSERT_TRUE(gt::eventually([&] { return d.stats().blocks == 1; }, 3s));
+  std::this_thread::sleep_for(50ms);
+  ASSERT_EQ(tracker.destroyed_count(0), 0u) << "not held: the test would show nothing";
+
+  int status;
+  {
+    gt::watchdog dog(kNoDeadlock, "fork() while the GP thread holds a batch");
+    status = gt::run_in_child([&] {
+      if (!gt::eventually([&] { return tracker.destroyed_count(0) == 1; }, 5s)) {
+        std::fprintf(stderr, "child: the held batch was not freed within 5 s (the hold: 10 s)\n");
+        return 1;
+      }
+      d.barrier();
+      return check(tracker.each_destroyed_once(0, 1), 2, "the held object in the child");
+    });
+  }
+  EXPECT_TRUE(gt::exited_cleanly(status));
+  d.barrier();
+  EXPECT_TRUE(tracker.each_destroyed_once(0, 1));
 }
 #endif
 
