@@ -28,7 +28,8 @@ hash_map_config validate_hash_map_options(const hash_map_options& options) {
   }
   if (!(options.shrink_load_factor >= 0.0) ||
       options.shrink_load_factor >= options.grow_load_factor / 2) {
-    fail("shrink_load_factor must be in [0, grow_load_factor / 2), got " +
+    fail("shrink_load_factor must be in [0, grow_load_factor / 2) = [0, " +
+         std::to_string(options.grow_load_factor / 2) + "), got " +
          std::to_string(options.shrink_load_factor));
   }
   // The map's safety rests on the pool's reuse only after a grace period: without it a

@@ -911,6 +911,32 @@ TEST(HashMap, ShrinkLoadFactorAtOrAboveHalfTheGrowLoadFactorIsRejectedByName) {
   }
 }
 
+// A shrink aims at half the grow load factor, so it lands between a quarter and a half of it;
+// at an eighth, the shrink threshold stays at least a factor 2 below where a shrink lands.
+TEST(HashMap, TheDefaultShrinkLoadFactorIsAnEighthOfTheDefaultGrowLoadFactor) {
+  const grace::hash_map_options defaults;
+  EXPECT_EQ(defaults.grow_load_factor, grace::detail::kLinkTags ? 0.5 : 1.0);
+  EXPECT_EQ(defaults.shrink_load_factor, defaults.grow_load_factor / 8);
+  u64_map map(defaults);  // and the pair is valid
+}
+
+// Only shrink_load_factor set: the message says which grow load factor it is measured against
+// (the default differs between builds with and without link tags).
+TEST(HashMap, AShrinkLoadFactorAboveHalfTheDefaultGrowLoadFactorIsRejectedWithTheBoundInEffect) {
+  grace::hash_map_options options;
+  options.shrink_load_factor = options.grow_load_factor / 2;
+  try {
+    u64_map map(options);
+    FAIL() << "shrink_load_factor " << options.shrink_load_factor << " was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("shrink_load_factor"), std::string::npos) << message;
+    EXPECT_NE(message.find("= [0, " + std::to_string(options.grow_load_factor / 2) + ")"),
+              std::string::npos)
+        << message;
+  }
+}
+
 TEST(HashMap, ZeroInitialBucketsIsRejectedByName) {
   grace::hash_map_options options;
   options.initial_buckets = 0;

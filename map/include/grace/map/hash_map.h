@@ -117,12 +117,15 @@ struct hash_map_options {
   std::size_t min_buckets = 64;
   std::size_t max_buckets = std::size_t{1} << 30;
   // Elements per bucket above which the table grows, and below which it shrinks. Growing
-  // aims at this load factor; shrinking at half of it (hysteresis). The default spends 16 to
-  // 32 bytes of buckets per element: 0.5 where a bucket costs 8 bytes (x86-64), and a lookup
-  // passes ~1.25 elements, where at 1.0 it passes ~1.5 (map/README.md, "Session 19"); 1.0
-  // where links carry no tags and a bucket costs 16 (split_list.h, L7).
+  // aims at this load factor; shrinking at half of it (hysteresis), and shrink_load_factor
+  // must stay below that half. The defaults spend 16 to 32 bytes of buckets per element
+  // after a grow, and up to 128 before a shrink: grow at 0.5 where a bucket costs 8 bytes
+  // (x86-64), so a lookup passes ~1.25 elements where at 1.0 it passes ~1.5 (map/README.md,
+  // "Session 19"); 1.0 where links carry no tags and a bucket costs 16 (split_list.h, L7).
+  // The shrink default is an eighth of the grow default in both, so that a shrink lands at
+  // twice the shrink load factor or more, and the next erases do not shrink again.
   double grow_load_factor = detail::kLinkTags ? 0.5 : 1.0;
-  double shrink_load_factor = 0.125;
+  double shrink_load_factor = detail::kLinkTags ? 0.0625 : 0.125;
   // The domain whose grace periods protect readers; nullptr means domain::global().
   domain* reclamation = nullptr;
   // The element pool's tuning (watermarks, caller-driven grace periods, allocator); its
@@ -824,8 +827,9 @@ class hash_map {
     // (L7): the next bucket's dummy ends the walk before it is touched.
     if (detail::ends_bucket(link, size_log2)) return nullptr;
     while (const detail::list_node* cur = detail::node_of(link)) {
-      // A dummy here is one of a level above the size the walk began at: one a grow is
-      // linking or has published since, one a shrink is unlinking, or one a fork left (L8).
+      // Where links carry tags (L7), a dummy here is one of a level above the size the walk
+      // began at: one a grow is linking or has published since, one a shrink is unlinking,
+      // or one a fork left (L8). Untagged walks meet every dummy in their bucket.
       const std::uint64_t cur_key = list_.so_key_at(link);
       if (cur_key > so_key) return nullptr;  // (L1): sorted
       // Acquire (M2): as above.

@@ -121,7 +121,10 @@ inline constexpr std::uint64_t kLookIntervalFloor = 64;
 #ifndef GRACE_MAP_LINK_TAGS
 #define GRACE_MAP_LINK_TAGS 1
 #endif
+#elif defined(GRACE_MAP_LINK_TAGS) && GRACE_MAP_LINK_TAGS
+#error "GRACE_MAP_LINK_TAGS=1 needs x86-64 without HWASan: elsewhere links carry no tags"
 #else
+#undef GRACE_MAP_LINK_TAGS
 #define GRACE_MAP_LINK_TAGS 0
 #endif
 inline constexpr bool kLinkTags = GRACE_MAP_LINK_TAGS;
@@ -262,8 +265,9 @@ class split_list {
   std::uint64_t so_key_at(std::uintptr_t link) const noexcept {
     if constexpr (kLinkTags) {
       if (const unsigned tag = tag_of(link); tag != 0) {
-        // Relaxed: the level was stored before its dummies were linked, and the Acquire load
-        // that found this link (M2) orders it (M1).
+        // Relaxed: the level was stored before its dummies were linked (M1), and that store
+        // happens-before this load: through the Acquire load that found this link (M2), and
+        // through every Release CAS and store that copied the link on its way (M1).
         const dummy_node* level = levels_[tag - 1].load(std::memory_order_relaxed);
         const auto* dummy = static_cast<const dummy_node*>(node_of(link));
         return dummy_so_key(tag - 1, static_cast<std::uint64_t>(dummy - level));
