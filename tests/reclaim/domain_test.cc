@@ -44,6 +44,12 @@ constexpr auto kNoDeadlock = 30s;     // watchdog budget for calls that must ret
 constexpr auto kNoDrainTimer = 10s;   // the largest drain interval: the timer never fires
 constexpr std::size_t kCapacity = grace::detail::kRetireBlockCapacity;
 
+// A grace period of `d` that a thread other than the engine's runs, and so counts as run
+// elsewhere (the engine may hold a batch for such grace periods).
+void synchronize_on_another_thread(grace::domain& d) {
+  std::thread([&] { d.synchronize(); }).join();
+}
+
 std::string lowercase(std::string_view text) {
   std::string out(text);
   std::transform(out.begin(), out.end(), out.begin(),
@@ -599,7 +605,7 @@ TEST(Domain, RequestGpAnsweredByAnotherThreadsGracePeriodMakesTheEngineRunNone) 
   const std::uint64_t before = d.stats().grace_periods;
   const std::uint64_t cookie = d.gp_cookie();
   d.request_gp();
-  std::thread([&] { d.synchronize(); }).join();
+  synchronize_on_another_thread(d);
   ASSERT_TRUE(d.gp_elapsed(cookie));
   std::this_thread::sleep_for(600ms);  // three times the delay
   EXPECT_EQ(d.stats().grace_periods, before + 1)
@@ -682,7 +688,7 @@ TEST(Domain, RequestsMadeWhileOneIsPendingAreAnsweredToo) {
 TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs) {
   gt::instance_tracker tracker(1);
   grace::domain d({.drain_interval = 1ms, .requested_gp_delay = 5s});
-  std::thread([&] { d.synchronize(); }).join();  // a grace period run elsewhere, just now
+  synchronize_on_another_thread(d);  // just now
   const grace::domain_stats before = d.stats();
   d.retire(new gt::tracked(tracker, 0));
   // Drained after 1 ms (before the next grace period, or the hold lasts its whole delay).
@@ -690,7 +696,7 @@ TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs
   std::this_thread::sleep_for(300ms);  // held
   EXPECT_EQ(tracker.destroyed_count(0), 0u)
       << "the engine ran a grace period of its own while another thread was running them";
-  std::thread([&] { d.synchronize(); }).join();
+  synchronize_on_another_thread(d);
   EXPECT_TRUE(gt::eventually([&] { return tracker.destroyed_count(0) == 1; }, 3s))
       << "the held batch was not freed after a grace period that covered it";
   const grace::domain_stats after = d.stats();
@@ -705,7 +711,7 @@ TEST(Domain, ABatchRetiredWhileAnotherThreadRunsGracePeriodsIsFreedByOneOfTheirs
 TEST(Domain, WithNoRequestedDelayABatchIsNeverHeldForAnotherThreadsGracePeriod) {
   gt::instance_tracker tracker(1);
   grace::domain d({.drain_interval = 1ms, .requested_gp_delay = 0us});
-  std::thread([&] { d.synchronize(); }).join();  // a grace period run elsewhere, just now
+  synchronize_on_another_thread(d);  // just now
   const grace::domain_stats before = d.stats();
   d.retire(new gt::tracked(tracker, 0));
   EXPECT_TRUE(gt::eventually([&] { return tracker.destroyed_count(0) == 1; }, 3s))
@@ -723,7 +729,7 @@ TEST(Domain, BarrierAndTheDestructorDoNotWaitForABatchHeldForAnotherThreadsGrace
   gt::instance_tracker tracker(2);
   auto d = std::make_unique<grace::domain>(
       grace::domain_options{.drain_interval = 1ms, .requested_gp_delay = 10s});
-  std::thread([&] { d->synchronize(); }).join();
+  synchronize_on_another_thread(*d);
   d->retire(new gt::tracked(tracker, 0));
   std::this_thread::sleep_for(100ms);  // held, for up to 10 s
   ASSERT_EQ(tracker.destroyed_count(0), 0u) << "not held: the test would show nothing";
@@ -731,7 +737,7 @@ TEST(Domain, BarrierAndTheDestructorDoNotWaitForABatchHeldForAnotherThreadsGrace
   d->barrier();
   EXPECT_EQ(tracker.destroyed_count(0), 1u);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "barrier() waited for the hold";
-  std::thread([&] { d->synchronize(); }).join();
+  synchronize_on_another_thread(*d);
   d->retire(new gt::tracked(tracker, 1));
   std::this_thread::sleep_for(100ms);
   start = std::chrono::steady_clock::now();

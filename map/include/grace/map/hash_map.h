@@ -124,8 +124,9 @@ struct hash_map_options {
   // "Session 19"); 1.0 where links carry no tags and a bucket costs 16 (split_list.h, L7).
   // The shrink default is an eighth of the grow default in both, so that a shrink lands at
   // twice the shrink load factor or more, and the next erases do not shrink again.
-  double grow_load_factor = detail::kLinkTags ? 0.5 : 1.0;
-  double shrink_load_factor = detail::kLinkTags ? 0.0625 : 0.125;
+  static constexpr double kDefaultGrowLoadFactor = detail::kLinkTags ? 0.5 : 1.0;
+  double grow_load_factor = kDefaultGrowLoadFactor;
+  double shrink_load_factor = kDefaultGrowLoadFactor / 8;
   // The domain whose grace periods protect readers; nullptr means domain::global().
   domain* reclamation = nullptr;
   // The element pool's tuning (watermarks, caller-driven grace periods, allocator); its
