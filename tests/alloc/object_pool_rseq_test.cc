@@ -3,13 +3,16 @@
 // whether a pool uses them; that a hold taken from another CPU stops that CPU's sequences
 // for as long as it lasts (the fence); and that objects, the grace-period guarantee and the
 // counts stay right while more threads than CPUs run them (so that the kernel restarts
-// sequences) and another thread takes every cache from outside (stats()).
+// sequences) and another thread takes every cache from outside (stats()); and that the
+// per-CPU add (rseq_add) adds exactly once or reports its restart.
 //
 // Conventions: as in object_pool_test.cc. Internals (the two kinds of hold) are reached
 // through grace::object_pool_test_access.
 #include <gtest/gtest.h>
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/rseq.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -22,7 +25,9 @@
 #include <cstdint>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "grace/alloc/detail/rseq_fast_path.h"
 #include "grace/alloc/object_pool.h"
 #include "grace/reclaim/domain.h"
 #include "tests/alloc/object_pool_testing.h"
@@ -84,6 +89,113 @@ TEST(ObjectPoolRseq, APoolUsesRestartableSequencesExactlyWhereTheMachineOffersTh
   off.restartable_sequences = false;
   grace::object_pool without(64, off, d);
   EXPECT_FALSE(without.uses_restartable_sequences());
+}
+
+// The adders of the test below. Restarts come from signals and preemptions that land inside
+// a sequence, and an unoptimized build spends so little of its time there (a few restarts
+// a second here, where -O2 sees hundreds) that it settles for fewer.
+constexpr int kAddShift = 6;
+#if defined(__OPTIMIZE__)
+constexpr std::uint64_t kWantedRestarts = 200;
+#else
+constexpr std::uint64_t kWantedRestarts = 20;
+#endif
+struct alignas(64) adder_totals {
+  std::int64_t attempted = 0;  // every delta passed to rseq_add()
+  std::int64_t restarted = 0;  // the deltas of the calls that returned false
+  std::uint64_t calls = 0;
+  std::atomic<std::uint64_t> restarts{0};  // Relaxed: a progress count, and read after join
+};
+void add_until(const std::atomic<bool>& stop, std::int64_t* first_word, unsigned slots,
+               adder_totals& mine) {
+  // Relaxed: a stop request; the results are read after join().
+  for (std::int64_t i = 1; !stop.load(std::memory_order_relaxed); ++i) {
+    // Both signs, many magnitudes; bounded, so that no total can overflow.
+    const std::int64_t delta = (i % 3 == 0 ? -1 : 1) * (i % 1021 + 1);
+    mine.attempted += delta;
+    ++mine.calls;
+    if (!grace::detail::rseq_add<kAddShift>(first_word, slots, delta)) {
+      mine.restarted += delta;
+      mine.restarts.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+// rseq_add(), the per-CPU add the map counts its elements with: threads that do nothing but
+// add, moved between CPUs and signalled by this thread all the time, so that the kernel
+// restarts sequences, until kWantedRestarts were restarted. Each thread adds what a
+// restarted sequence did not add to a total of its own (as the map does, with an atomic
+// add): the per-CPU words and those totals must sum to every add made. A sequence that
+// committed in part, or reported a restart after its add, would break the sum. Where the
+// build or the machine offers no restartable sequences, every add reports that it did
+// nothing.
+TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
+  const bool offered = machine_offers_restartable_sequences();
+  const gt::saved_affinity restore;
+  struct alignas(64) word {
+    std::int64_t value = 0;
+  };
+  static_assert(sizeof(word) == std::size_t{1} << kAddShift);
+  const unsigned slots = grace::detail::cpu_shard_count();
+  std::vector<word> words(slots);
+  constexpr unsigned kThreads = 3;
+  struct sigaction wake {};
+  wake.sa_handler = [](int) {};
+  struct sigaction previous {};
+  ASSERT_EQ(sigaction(SIGURG, &wake, &previous), 0);
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  std::array<adder_totals, kThreads> totals;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> adders;
+  for (unsigned t = 0; t < kThreads; ++t) {
+    adders.emplace_back([&, t] { add_until(stop, &words[0].value, slots, totals[t]); });
+  }
+  auto restarts_so_far = [&] {
+    std::uint64_t sum = 0;
+    for (const adder_totals& each : totals) sum += each.restarts.load(std::memory_order_relaxed);
+    return sum;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (std::size_t round = 0;
+       restarts_so_far() < kWantedRestarts && std::chrono::steady_clock::now() < deadline;
+       ++round) {
+    for (unsigned t = 0; t < kThreads; ++t) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[(round + t) % cpus.size()], &one);
+      EXPECT_EQ(pthread_setaffinity_np(adders[t].native_handle(), sizeof(one), &one), 0);
+      EXPECT_EQ(pthread_kill(adders[t].native_handle(), SIGURG), 0);
+    }
+    std::this_thread::yield();
+  }
+  stop.store(true, std::memory_order_relaxed);
+  for (std::thread& adder : adders) adder.join();
+  ASSERT_EQ(sigaction(SIGURG, &previous, nullptr), 0);
+  std::int64_t in_words = 0;
+  for (const word& w : words) in_words += w.value;
+  std::int64_t attempted = 0;
+  std::int64_t restarted = 0;
+  std::uint64_t calls = 0;
+  for (const adder_totals& each : totals) {
+    attempted += each.attempted;
+    restarted += each.restarted;
+    calls += each.calls;
+  }
+  const std::uint64_t restarts = restarts_so_far();
+  EXPECT_GE(restarts, kWantedRestarts) << "too few restarts within 30 s to prove anything";
+  if (offered) {
+    EXPECT_LT(restarts, calls) << "no sequence committed";
+  } else {
+    EXPECT_EQ(restarts, calls);
+  }
+  EXPECT_EQ(in_words + restarted, attempted)
+      << restarts << " restarts of " << calls << " adds; per-CPU words " << in_words
+      << ", restarted adds " << restarted;
 }
 
 // A thread pinned to one CPU allocates and deallocates without pause (without

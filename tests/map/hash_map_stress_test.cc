@@ -2,7 +2,8 @@
 // updates of disjoint key ranges, readers that never miss a key present the whole time while
 // the table grows and shrinks, for_each() visiting stable keys exactly once across resizes
 // and replacements, values that are never seen torn or recycled, std::string keys and
-// values, clear() racing with writers, and teardown of millions of elements.
+// values, an exact size() under migrations and signals, clear() racing with writers, and
+// teardown of millions of elements.
 //
 // Harness conventions:
 //   - Values are checked_value (map_testing.h): 64 bytes carrying the key, ~key, a version
@@ -18,6 +19,9 @@
 //     problems in atomics the main thread checks after the join.
 #include <absl/hash/hash.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -678,6 +682,72 @@ TEST(HashMapStress, StringKeysAndValuesStayExactUnderConcurrentUpdates) {
   EXPECT_EQ(map.size(), expected_size);
   std::size_t visited = 0;
   map.for_each([&](const std::string&, const std::string&) { ++visited; });
+  EXPECT_EQ(visited, expected_size);
+}
+
+// =============================================================================================
+// The element count.
+
+// Each CPU counts its inserts and erases by a restartable sequence, and a thread whose
+// sequence the kernel restarts (preempted, migrated, signalled) counts by an atomic add
+// instead (split_list::count()). More updaters than CPUs, moved between CPUs and signalled
+// all the time by another thread, must leave size() equal to the content exactly.
+TEST(HashMapStress, SizeStaysExactWhileUpdatersAreMovedBetweenCpusAndSignalled) {
+  constexpr unsigned kThreads = 4;
+  constexpr std::uint64_t kRange = 512;
+  const std::size_t ops = stress_budget(1'200'000);
+  grace::hash_map<std::uint64_t, checked_value> map(small_table());
+  struct sigaction wake {};
+  wake.sa_handler = [](int) {};
+  struct sigaction previous {};
+  ASSERT_EQ(sigaction(SIGURG, &wake, &previous), 0);
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  std::vector<std::vector<bool>> present(kThreads, std::vector<bool>(kRange, false));
+  writers_done done(kThreads);
+  gt::watchdog dog(kNoDeadlock, "size() under migrations and signals");
+  std::vector<std::thread> updaters;
+  for (unsigned t = 0; t < kThreads; ++t) {
+    updaters.emplace_back([&, t] {
+      writers_done::finisher finish(done);
+      std::mt19937_64 rng(0x5e + t);
+      for (std::size_t op = 0; op < ops; ++op) {
+        const std::uint64_t i = rng() % kRange;
+        const std::uint64_t key = t * kRange + i;
+        if (present[t][i]) {
+          ASSERT_TRUE(map.erase(key)) << key;
+        } else {
+          ASSERT_TRUE(map.insert(key, checked_value::make(key, op))) << key;
+        }
+        present[t][i] = !present[t][i];
+      }
+    });
+  }
+  std::uint64_t disturbances = 0;
+  for (std::size_t round = 0; !done.all(); ++round) {
+    for (unsigned t = 0; t < kThreads; ++t) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[(round + t) % cpus.size()], &one);
+      // A thread that has finished may be gone from the kernel: errors are expected then.
+      (void)pthread_setaffinity_np(updaters[t].native_handle(), sizeof(one), &one);
+      (void)pthread_kill(updaters[t].native_handle(), SIGURG);
+      ++disturbances;
+    }
+    std::this_thread::yield();
+  }
+  for (std::thread& updater : updaters) updater.join();
+  ASSERT_EQ(sigaction(SIGURG, &previous, nullptr), 0);
+  std::size_t expected_size = 0;
+  for (const auto& mine : present) expected_size += std::count(mine.begin(), mine.end(), true);
+  EXPECT_GT(disturbances, 0u);
+  EXPECT_EQ(map.size(), expected_size);
+  std::size_t visited = 0;
+  map.for_each([&](const std::uint64_t&, const checked_value&) { ++visited; });
   EXPECT_EQ(visited, expected_size);
 }
 

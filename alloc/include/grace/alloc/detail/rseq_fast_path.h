@@ -1,11 +1,11 @@
 // Internal. Do not include directly.
 //
 // The object pool's fast paths as restartable sequences (rseq): a pop from, or a push onto, a
-// magazine of the cache of the CPU the thread runs on, with no atomic instruction. The
-// kernel diverts a sequence preempted, migrated or signalled before its commit (its last
-// store) to its abort label, which here returns "not done": the caller then takes the
-// cache's flag as it does without rseq. Invariants (P8), (P9) and ordering (A8) are in
-// magazine.h.
+// magazine of the cache of the CPU the thread runs on, with no atomic instruction; and a
+// per-CPU add (rseq_add) for the layers above. The kernel diverts a sequence preempted,
+// migrated or signalled before its commit (its last store) to its abort label, which here
+// returns "not done": the pool's caller then takes the cache's flag as it does without
+// rseq. Invariants (P8), (P9) and ordering (A8) are in magazine.h.
 //
 // A sequence is described to the kernel by a struct rseq_cs (start, length, abort address)
 // that the sequence stores into the thread's rseq area (glibc's, at __rseq_offset from the
@@ -55,13 +55,13 @@ static_assert((sizeof(pool_cache) & (sizeof(pool_cache) - 1)) == 0,
 
 inline constexpr int kCacheShift = __builtin_ctzll(sizeof(pool_cache));
 
-// Descriptor (3:), its store into the rseq area, the start (1:), the CPU's cache in %rax:
-// the sequence leaves through 4: if the CPU has no cache of its own or the cache is held.
+// Descriptor (3:), its store into the rseq area, the start (1:), the CPU's number in %rax:
+// the sequence leaves through 4: if the CPU has no slot of its own (%[cpu_slots] of them).
 // The body follows; the epilogue marks the end (2:) and the abort stub (4:). Both ways out
 // clear the area's rseq_cs again (the kernel also does on an abort): the kernel reads the
 // descriptor a non-null rseq_cs points to at every preemption, and one left behind in a
 // library that is then unloaded (dlclose) would fault there and kill the thread.
-#define GRACE_RSEQ_PROLOGUE                                              \
+#define GRACE_RSEQ_BEGIN                                                 \
   ".pushsection __rseq_cs, \"aw?\"\n\t"                                  \
   ".balign 32\n\t"                                                       \
   "3:\n\t"                                                               \
@@ -72,8 +72,13 @@ inline constexpr int kCacheShift = __builtin_ctzll(sizeof(pool_cache));
   "movq %%rax, %%fs:8(%[rseq_area])\n\t"                                 \
   "1:\n\t"                                                               \
   "movl %%fs:4(%[rseq_area]), %%eax\n\t"                                 \
-  "cmpl %k[caches_count], %%eax\n\t"                                     \
-  "jae 4f\n\t"                                                           \
+  "cmpl %k[cpu_slots], %%eax\n\t"                                        \
+  "jae 4f\n\t"
+
+// The pool's sequences: GRACE_RSEQ_BEGIN, then the CPU's cache in %rax, leaving through 4:
+// if the cache is held.
+#define GRACE_RSEQ_PROLOGUE                                              \
+  GRACE_RSEQ_BEGIN                                                       \
   "shlq %[cache_shift], %%rax\n\t"                                       \
   "addq %[caches], %%rax\n\t"                                            \
   "cmpb $0, (%%rax)\n\t"                                                 \
@@ -90,9 +95,10 @@ inline constexpr int kCacheShift = __builtin_ctzll(sizeof(pool_cache));
   "jmp %l[fallback]\n\t"                                                 \
   ".popsection\n\t"
 
-#define GRACE_RSEQ_COMMON_INPUTS                                                       \
-  [rseq_area] "r"(__rseq_offset), [caches_count] "r"(caches_count), [caches] "r"(caches), \
-      [cache_shift] "i"(kCacheShift), [signature] "i"(RSEQ_SIG)
+#define GRACE_RSEQ_SEQUENCE_INPUTS [rseq_area] "r"(__rseq_offset), [signature] "i"(RSEQ_SIG)
+#define GRACE_RSEQ_COMMON_INPUTS                                                         \
+  GRACE_RSEQ_SEQUENCE_INPUTS, [cpu_slots] "r"(caches_count), [caches] "r"(caches), \
+      [cache_shift] "i"(kCacheShift)
 
 // Pops an object from the loaded magazine of the current CPU's cache; nullptr if it cannot
 // (empty, held, no cache of its own, or restarted). caches_count: the caches at `caches`.
@@ -158,14 +164,40 @@ fallback:
   return false;
 }
 
+// Adds `delta` to the 8-byte word at `first_word` + (current CPU << WordShift) bytes; false if
+// it cannot (no word of its own for the CPU, or restarted): the caller then adds elsewhere,
+// by an atomic instruction. One add instruction is the commit, so a preempted or migrated
+// thread either added on the CPU it ran on, alone there, or not at all: per-CPU counts with
+// no atomic instruction (the map's element count). The word must only ever be written by
+// these sequences; readers load it Relaxed (an aligned 8-byte store is single-copy atomic).
+template <int WordShift>
+inline bool rseq_add(void* first_word, unsigned cpu_slots, std::int64_t delta) noexcept {
+  asm goto(GRACE_RSEQ_BEGIN
+           "shlq %[word_shift], %%rax\n\t"
+           "addq %[delta], (%[words],%%rax)\n\t"  // the commit
+           GRACE_RSEQ_EPILOGUE
+           :
+           : GRACE_RSEQ_SEQUENCE_INPUTS, [cpu_slots] "r"(cpu_slots), [words] "r"(first_word),
+             [delta] "r"(delta), [word_shift] "i"(WordShift)
+           : "rax", "memory", "cc"
+           : fallback);
+  return true;
+fallback:
+  return false;
+}
+
 #undef GRACE_RSEQ_COMMON_INPUTS
+#undef GRACE_RSEQ_SEQUENCE_INPUTS
 #undef GRACE_RSEQ_EPILOGUE
 #undef GRACE_RSEQ_PROLOGUE
+#undef GRACE_RSEQ_BEGIN
 
-#else  // !GRACE_POOL_RSEQ: never called (object_pool::uses_restartable_sequences() is false)
+#else  // !GRACE_POOL_RSEQ: never called (restartable_sequences_available() is false)
 
 inline void* rseq_pop(pool_cache*, unsigned) noexcept { return nullptr; }
 inline bool rseq_push(pool_cache*, unsigned, std::size_t, void*) noexcept { return false; }
+template <int WordShift>
+inline bool rseq_add(void*, unsigned, std::int64_t) noexcept { return false; }
 
 #endif
 
