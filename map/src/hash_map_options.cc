@@ -47,8 +47,9 @@ hash_map_config validate_hash_map_options(const hash_map_options& options) {
     fail("destruction must be an element_destruction, got " +
          std::to_string(static_cast<int>(options.destruction)));
   }
-  return hash_map_config{options.initial_buckets, options.min_buckets, options.max_buckets,
-                         options.grow_load_factor, options.shrink_load_factor};
+  return hash_map_config{options.initial_buckets,    options.min_buckets,
+                         options.max_buckets,        options.grow_load_factor,
+                         options.shrink_load_factor, options.pool.restartable_sequences};
 }
 
 }  // namespace grace::detail

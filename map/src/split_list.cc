@@ -84,7 +84,7 @@ split_list::split_list(const hash_map_config& config, domain& reclamation, eleme
       max_log2_(log2_ceil(config.max_buckets)),
       counters_(std::make_unique<counter[]>(cpu_shard_count())),
       counter_mask_(cpu_shard_count() - 1),
-      counts_by_sequences_(restartable_sequences_available()) {
+      counts_by_sequences_(config.restartable_sequences && per_cpu_adds_available()) {
   dummy_node* level0 = allocate_level(0);
   if (level0 == nullptr) throw std::bad_alloc();
   // Relaxed: the map is not shared yet; publishing it to other threads orders this.
@@ -171,8 +171,7 @@ std::size_t split_list::size() const noexcept {
   std::int64_t total = 0;
   // Relaxed: exact only when no update is in flight (documented).
   for (unsigned i = 0; i <= counter_mask_; ++i) {
-    total += std::atomic_ref<std::int64_t>(counters_[i].by_sequences)
-                 .load(std::memory_order_relaxed) +
+    total += counters_[i].by_sequences.load(std::memory_order_relaxed) +
              counters_[i].by_atomic_adds.load(std::memory_order_relaxed);
   }
   return total > 0 ? static_cast<std::size_t>(total) : 0;

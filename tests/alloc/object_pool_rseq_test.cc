@@ -127,10 +127,11 @@ void add_until(const std::atomic<bool>& stop, std::int64_t* first_word, unsigned
 // restarted sequence did not add to a total of its own (as the map does, with an atomic
 // add): the per-CPU words and those totals must sum to every add made. A sequence that
 // committed in part, or reported a restart after its add, would break the sum. Where the
-// build or the machine offers no restartable sequences, every add reports that it did
-// nothing.
+// build or glibc offers no restartable sequences, every add reports that it did nothing.
 TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
-  const bool offered = machine_offers_restartable_sequences();
+  // What rseq_add() needs, asked of the machine directly: no membarrier fence.
+  const bool offered = GRACE_POOL_RSEQ && __rseq_size != 0;
+  EXPECT_EQ(grace::detail::per_cpu_adds_available(), offered);
   const gt::saved_affinity restore;
   struct alignas(64) word {
     std::int64_t value = 0;

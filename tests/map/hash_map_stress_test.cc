@@ -696,6 +696,7 @@ TEST(HashMapStress, SizeStaysExactWhileUpdatersAreMovedBetweenCpusAndSignalled) 
   constexpr unsigned kThreads = 4;
   constexpr std::uint64_t kRange = 512;
   const std::size_t ops = stress_budget(1'200'000);
+  const gt::saved_affinity restore;
   grace::hash_map<std::uint64_t, checked_value> map(small_table());
   struct sigaction wake {};
   wake.sa_handler = [](int) {};
@@ -709,22 +710,29 @@ TEST(HashMapStress, SizeStaysExactWhileUpdatersAreMovedBetweenCpusAndSignalled) 
   }
   std::vector<std::vector<bool>> present(kThreads, std::vector<bool>(kRange, false));
   writers_done done(kThreads);
+  std::atomic<bool> disturbed{false};
   gt::watchdog dog(kNoDeadlock, "size() under migrations and signals");
   std::vector<std::thread> updaters;
   for (unsigned t = 0; t < kThreads; ++t) {
     updaters.emplace_back([&, t] {
-      writers_done::finisher finish(done);
-      std::mt19937_64 rng(0x5e + t);
-      for (std::size_t op = 0; op < ops; ++op) {
-        const std::uint64_t i = rng() % kRange;
-        const std::uint64_t key = t * kRange + i;
-        if (present[t][i]) {
-          ASSERT_TRUE(map.erase(key)) << key;
-        } else {
-          ASSERT_TRUE(map.insert(key, checked_value::make(key, op))) << key;
+      {
+        writers_done::finisher finish(done);
+        std::mt19937_64 rng(0x5e + t);
+        for (std::size_t op = 0; op < ops; ++op) {
+          const std::uint64_t i = rng() % kRange;
+          const std::uint64_t key = t * kRange + i;
+          if (present[t][i]) {
+            ASSERT_TRUE(map.erase(key)) << key;
+          } else {
+            ASSERT_TRUE(map.insert(key, checked_value::make(key, op))) << key;
+          }
+          present[t][i] = !present[t][i];
         }
-        present[t][i] = !present[t][i];
       }
+      // Alive until the disturbing ends: a finished thread's handle may name no thread in
+      // the kernel, and glibc would then move or signal the caller instead.
+      // Relaxed: a stop signal only.
+      while (!disturbed.load(std::memory_order_relaxed)) std::this_thread::sleep_for(100us);
     });
   }
   std::uint64_t disturbances = 0;
@@ -733,13 +741,13 @@ TEST(HashMapStress, SizeStaysExactWhileUpdatersAreMovedBetweenCpusAndSignalled) 
       cpu_set_t one;
       CPU_ZERO(&one);
       CPU_SET(cpus[(round + t) % cpus.size()], &one);
-      // A thread that has finished may be gone from the kernel: errors are expected then.
-      (void)pthread_setaffinity_np(updaters[t].native_handle(), sizeof(one), &one);
-      (void)pthread_kill(updaters[t].native_handle(), SIGURG);
+      EXPECT_EQ(pthread_setaffinity_np(updaters[t].native_handle(), sizeof(one), &one), 0);
+      EXPECT_EQ(pthread_kill(updaters[t].native_handle(), SIGURG), 0);
       ++disturbances;
     }
     std::this_thread::yield();
   }
+  disturbed.store(true, std::memory_order_relaxed);  // Relaxed: a stop signal only.
   for (std::thread& updater : updaters) updater.join();
   ASSERT_EQ(sigaction(SIGURG, &previous, nullptr), 0);
   std::size_t expected_size = 0;

@@ -40,7 +40,8 @@ hash_map_config sized(std::size_t initial, std::size_t min, std::size_t max) {
           .min_buckets = min,
           .max_buckets = max,
           .grow_load_factor = 1.0,
-          .shrink_load_factor = 0.25};
+          .shrink_load_factor = 0.25,
+          .restartable_sequences = true};
 }
 
 // The so_key of the dummy an element with `so_key` starts from at 2^size_log2 buckets: the

@@ -42,6 +42,11 @@ namespace grace::detail {
 // registered (A8). Asked once per process.
 bool restartable_sequences_available() noexcept;
 
+// Whether rseq_add() can commit in this process: it needs no fence, only the build's and
+// glibc's rseq. A thread whose own registration failed reads a CPU number past every slot,
+// and its adds report a restart.
+inline bool per_cpu_adds_available() noexcept { return GRACE_POOL_RSEQ && __rseq_size != 0; }
+
 #if GRACE_POOL_RSEQ
 
 static_assert(offsetof(struct rseq, cpu_id) == 4 && offsetof(struct rseq, rseq_cs) == 8,

@@ -234,6 +234,8 @@ struct hash_map_config {
   std::size_t max_buckets;
   double grow_load_factor;
   double shrink_load_factor;
+  // pool_options::restartable_sequences: false keeps the element count off them too.
+  bool restartable_sequences;
 };
 
 class split_list {
@@ -278,16 +280,15 @@ class split_list {
   }
 
   // Element count bookkeeping: per-CPU counters, summed on read (size()). The add is a
-  // restartable sequence where the process may use them, not a locked instruction: +8% on
-  // batch_add_batch_del (map/README.md, "Session 22").
+  // restartable sequence where the process may use them, not a locked instruction: ~20%
+  // more batch_add_batch_del (map/README.md, "Session 22").
   void count(std::int64_t delta) noexcept {
+    counter& mine = counters_[current_cpu() & counter_mask_];
     if (!counts_by_sequences_ ||
         !rseq_add<kCounterShift>(&counters_[0].by_sequences, counter_mask_ + 1, delta)) {
-      // Relaxed: a count, summed on read.
-      counters_[current_cpu() & counter_mask_].by_atomic_adds.fetch_add(
-          delta, std::memory_order_relaxed);
+      // Relaxed: a count, summed on read. Any CPU's word will do: the add is atomic.
+      mine.by_atomic_adds.fetch_add(delta, std::memory_order_relaxed);
     }
-    counter& mine = counters_[current_cpu() & counter_mask_];
     // Look at the load factor once this CPU has counted look_interval_ changes since its
     // last look. Counting changes, not sampling keys, bounds how far the size drifts between
     // two looks whichever keys change. Relaxed: the count is a hint; a lost increment only
@@ -348,7 +349,7 @@ class split_list {
   // atomic add, where it cannot (no rseq, or restarted); a plain add there could lose a
   // concurrent atomic one.
   struct alignas(64) counter {
-    std::int64_t by_sequences = 0;  // written only by rseq_add(); read Relaxed (size())
+    std::atomic<std::int64_t> by_sequences{0};  // written only by rseq_add(); read Relaxed
     std::atomic<std::int64_t> by_atomic_adds{0};
     std::atomic<std::uint64_t> changes{0};  // elements counted on this CPU since its last look
   };
@@ -422,7 +423,7 @@ class split_list {
   std::atomic<std::uint64_t> shrinks_{0};
   std::unique_ptr<counter[]> counters_;
   unsigned counter_mask_;
-  bool counts_by_sequences_;  // restartable_sequences_available(), asked at construction
+  bool counts_by_sequences_;  // rseq_add() may commit: asked at construction
 };
 
 // Test seam: called by a resizer half-way through linking (grow) or unlinking (shrink) a
