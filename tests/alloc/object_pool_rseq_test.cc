@@ -10,9 +10,7 @@
 // through grace::object_pool_test_access.
 #include <gtest/gtest.h>
 #include <linux/membarrier.h>
-#include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/rseq.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -132,7 +130,6 @@ TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
   // What rseq_add() needs, asked of the machine directly: no membarrier fence.
   const bool offered = GRACE_POOL_RSEQ && __rseq_size != 0;
   EXPECT_EQ(grace::detail::per_cpu_adds_available(), offered);
-  const gt::saved_affinity restore;
   struct alignas(64) word {
     std::int64_t value = 0;
   };
@@ -140,16 +137,7 @@ TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
   const unsigned slots = grace::detail::cpu_shard_count();
   std::vector<word> words(slots);
   constexpr unsigned kThreads = 3;
-  struct sigaction wake {};
-  wake.sa_handler = [](int) {};
-  struct sigaction previous {};
-  ASSERT_EQ(sigaction(SIGURG, &wake, &previous), 0);
-  cpu_set_t allowed;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
-  }
+  gt::cpu_disturber disturber;
   std::array<adder_totals, kThreads> totals;
   std::atomic<bool> stop{false};
   std::vector<std::thread> adders;
@@ -162,21 +150,12 @@ TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
     return sum;
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (std::size_t round = 0;
-       restarts_so_far() < kWantedRestarts && std::chrono::steady_clock::now() < deadline;
-       ++round) {
-    for (unsigned t = 0; t < kThreads; ++t) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpus[(round + t) % cpus.size()], &one);
-      EXPECT_EQ(pthread_setaffinity_np(adders[t].native_handle(), sizeof(one), &one), 0);
-      EXPECT_EQ(pthread_kill(adders[t].native_handle(), SIGURG), 0);
-    }
+  while (restarts_so_far() < kWantedRestarts && std::chrono::steady_clock::now() < deadline) {
+    disturber.disturb(adders);
     std::this_thread::yield();
   }
   stop.store(true, std::memory_order_relaxed);
   for (std::thread& adder : adders) adder.join();
-  ASSERT_EQ(sigaction(SIGURG, &previous, nullptr), 0);
   std::int64_t in_words = 0;
   for (const word& w : words) in_words += w.value;
   std::int64_t attempted = 0;

@@ -19,9 +19,6 @@
 //     problems in atomics the main thread checks after the join.
 #include <absl/hash/hash.h>
 #include <gtest/gtest.h>
-#include <pthread.h>
-#include <sched.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -696,18 +693,8 @@ TEST(HashMapStress, SizeStaysExactWhileUpdatersAreMovedBetweenCpusAndSignalled) 
   constexpr unsigned kThreads = 4;
   constexpr std::uint64_t kRange = 512;
   const std::size_t ops = stress_budget(1'200'000);
-  const gt::saved_affinity restore;
   grace::hash_map<std::uint64_t, checked_value> map(small_table());
-  struct sigaction wake {};
-  wake.sa_handler = [](int) {};
-  struct sigaction previous {};
-  ASSERT_EQ(sigaction(SIGURG, &wake, &previous), 0);
-  cpu_set_t allowed;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
-  }
+  gt::cpu_disturber disturber;
   std::vector<std::vector<bool>> present(kThreads, std::vector<bool>(kRange, false));
   writers_done done(kThreads);
   std::atomic<bool> disturbed{false};
@@ -735,24 +722,15 @@ TEST(HashMapStress, SizeStaysExactWhileUpdatersAreMovedBetweenCpusAndSignalled) 
       while (!disturbed.load(std::memory_order_relaxed)) std::this_thread::sleep_for(100us);
     });
   }
-  std::uint64_t disturbances = 0;
-  for (std::size_t round = 0; !done.all(); ++round) {
-    for (unsigned t = 0; t < kThreads; ++t) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpus[(round + t) % cpus.size()], &one);
-      EXPECT_EQ(pthread_setaffinity_np(updaters[t].native_handle(), sizeof(one), &one), 0);
-      EXPECT_EQ(pthread_kill(updaters[t].native_handle(), SIGURG), 0);
-      ++disturbances;
-    }
+  while (!done.all()) {
+    disturber.disturb(updaters);
     std::this_thread::yield();
   }
   disturbed.store(true, std::memory_order_relaxed);  // Relaxed: a stop signal only.
   for (std::thread& updater : updaters) updater.join();
-  ASSERT_EQ(sigaction(SIGURG, &previous, nullptr), 0);
   std::size_t expected_size = 0;
   for (const auto& mine : present) expected_size += std::count(mine.begin(), mine.end(), true);
-  EXPECT_GT(disturbances, 0u);
+  EXPECT_GT(disturber.disturbances(), 0u);
   EXPECT_EQ(map.size(), expected_size);
   std::size_t visited = 0;
   map.for_each([&](const std::uint64_t&, const checked_value&) { ++visited; });

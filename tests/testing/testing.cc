@@ -355,6 +355,36 @@ saved_affinity::~saved_affinity() {
   if (saved_) ::pthread_setaffinity_np(::pthread_self(), sizeof(allowed_), &allowed_);
 }
 
+cpu_disturber::cpu_disturber() {
+  struct sigaction wake {};
+  wake.sa_handler = [](int) {};
+  installed_ = ::sigaction(SIGURG, &wake, &previous_) == 0;
+  EXPECT_TRUE(installed_) << "sigaction(SIGURG)";
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  EXPECT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus_.push_back(cpu);
+  }
+  if (cpus_.empty()) cpus_.push_back(0);
+}
+
+cpu_disturber::~cpu_disturber() {
+  if (installed_) ::sigaction(SIGURG, &previous_, nullptr);
+}
+
+void cpu_disturber::disturb(std::vector<std::thread>& threads) {
+  for (std::size_t t = 0; t < threads.size(); ++t) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus_[(round_ + t) % cpus_.size()], &one);
+    EXPECT_EQ(::pthread_setaffinity_np(threads[t].native_handle(), sizeof(one), &one), 0);
+    EXPECT_EQ(::pthread_kill(threads[t].native_handle(), SIGURG), 0);
+    ++disturbances_;
+  }
+  ++round_;
+}
+
 std::array<int, 2> two_cpus_with_their_own_shards() {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);

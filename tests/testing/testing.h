@@ -26,6 +26,7 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -357,6 +358,32 @@ class saved_affinity {
   cpu_set_t allowed_;
   bool saved_;
 };
+// Moves threads between the CPUs this process may run on and signals them (SIGURG, whose
+// handler does nothing), so that the kernel restarts any restartable sequence they are in.
+// The handler is installed, and the caller's affinity saved, for the disturber's lifetime.
+// Each thread must not have finished while it is disturbed: glibc turns the handle of a
+// finished thread into the caller's own.
+class cpu_disturber {
+ public:
+  cpu_disturber();
+  ~cpu_disturber();
+  cpu_disturber(const cpu_disturber&) = delete;
+  cpu_disturber& operator=(const cpu_disturber&) = delete;
+
+  // Moves each of `threads` to a CPU (another one each round) and signals it; EXPECTs that
+  // both calls succeed.
+  void disturb(std::vector<std::thread>& threads);
+  std::uint64_t disturbances() const noexcept { return disturbances_; }
+
+ private:
+  saved_affinity restore_;
+  struct sigaction previous_ {};
+  bool installed_ = false;
+  std::vector<int> cpus_;
+  std::size_t round_ = 0;
+  std::uint64_t disturbances_ = 0;
+};
+
 // Two CPUs this process may run on whose per-CPU shards differ (pool caches, map counters
 // and retire shards are indexed by CPU number modulo their power-of-two count), or
 // {-1, -1}.
