@@ -197,7 +197,8 @@ fallback:
 #undef GRACE_RSEQ_PROLOGUE
 #undef GRACE_RSEQ_BEGIN
 
-#else  // !GRACE_POOL_RSEQ: never called (restartable_sequences_available() is false)
+#else  // !GRACE_POOL_RSEQ: never called (restartable_sequences_available() and
+       // per_cpu_adds_available() are false)
 
 inline void* rseq_pop(pool_cache*, unsigned) noexcept { return nullptr; }
 inline bool rseq_push(pool_cache*, unsigned, std::size_t, void*) noexcept { return false; }
