@@ -3,6 +3,7 @@
 //
 //   struct some_map {
 //     static constexpr const char* kName;           // the map= value
+//     static constexpr const char* kHashName;       // the hash= value (Hashes, below)
 //     static constexpr bool kConcurrent;            // false: one thread at a time only
 //     static constexpr bool kReadSections;          // RCU map: its reads take read sections
 //     struct thread_scope;                          // per-thread setup (liburcu registration)
@@ -20,8 +21,8 @@
 //     static void release_cached_memory();  // after destruction: give cached memory back
 //   };
 //
-// Each adapter is a template on the value type (some_map_of<Value>); some_map names the
-// value64 one.
+// Each adapter is a template on the value type (some_map_of<Value>; oneTBB's and libcuckoo's
+// also on their hash); some_map names the value64 one.
 //
 // Every operation of a map, including its constructor and destructor, runs on a thread that
 // holds the map's thread_scope (cds_lfht needs registered threads for everything, including
@@ -49,6 +50,12 @@
 //   absl_single  one absl::flat_hash_map, no lock: the single-thread reference (-p 1 only)
 //   tbb          oneTBB concurrent_hash_map: accessor for updates, const_accessor for reads
 //   libcuckoo    libcuckoo::cuckoohash_map: insert_or_assign / insert / erase / find_fn
+//
+// Hashes: grace, cds_lfht and absl hash keys with absl::Hash. oneTBB and libcuckoo use their
+// own defaults, std::hash, which is the identity on an integer: consecutive keys (htab-mem's
+// t, t+p, ...) land in consecutive buckets, whose locks and slots share cache lines and
+// stream through the hardware prefetcher. `AbslHash` (--peer-hash absl) gives them
+// absl::Hash too, so that every map spreads keys alike.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
@@ -118,6 +125,7 @@ class grace_map_of {
  public:
   using value_type = Value;
   static constexpr const char* kName = "grace";
+  static constexpr const char* kHashName = "absl";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = true;
   static void release_cached_memory() {}
@@ -164,6 +172,7 @@ class cds_lfht_map_of {
  public:
   using value_type = Value;
   static constexpr const char* kName = "cds_lfht";
+  static constexpr const char* kHashName = "absl";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = true;
   static void release_cached_memory() {}
@@ -315,6 +324,7 @@ class absl_sharded_map_of {
  public:
   using value_type = Value;
   static constexpr const char* kName = "absl_sharded";
+  static constexpr const char* kHashName = "absl";
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = false;
   static void release_cached_memory() {}
@@ -371,6 +381,7 @@ class absl_single_map_of {
  public:
   using value_type = Value;
   static constexpr const char* kName = "absl_single";
+  static constexpr const char* kHashName = "absl";
   static constexpr bool kConcurrent = false;
   static constexpr bool kReadSections = false;
   static void release_cached_memory() {}
@@ -401,12 +412,23 @@ class absl_single_map_of {
 
 // --- oneTBB --------------------------------------------------------------------------------
 
+// The peers' hash under --peer-hash (the comment at the top): their default, or absl::Hash.
+template <bool AbslHash>
+inline constexpr const char* kPeerHashName = AbslHash ? "absl" : "std";
+
 #if GRACE_BENCH_HAVE_TBB
-template <class Value>
+// oneTBB's HashCompare with absl::Hash (its default, tbb_hash_compare, calls std::hash).
+struct tbb_absl_hash_compare {
+  static std::size_t hash(std::uint64_t key) { return absl::Hash<std::uint64_t>{}(key); }
+  static bool equal(std::uint64_t a, std::uint64_t b) { return a == b; }
+};
+
+template <class Value, bool AbslHash = false>
 class tbb_map_of {
  public:
   using value_type = Value;
   static constexpr const char* kName = "tbb";
+  static constexpr const char* kHashName = kPeerHashName<AbslHash>;
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = false;
   // oneTBB's default allocator is tbbmalloc (when installed), which keeps freed memory in its
@@ -440,7 +462,10 @@ class tbb_map_of {
   }
 
  private:
-  using table = oneapi::tbb::concurrent_hash_map<std::uint64_t, Value>;
+  using table = oneapi::tbb::concurrent_hash_map<
+      std::uint64_t, Value,
+      std::conditional_t<AbslHash, tbb_absl_hash_compare,
+                         oneapi::tbb::tbb_hash_compare<std::uint64_t>>>;
   table map_;
 };
 #endif
@@ -448,11 +473,12 @@ class tbb_map_of {
 // --- libcuckoo -----------------------------------------------------------------------------
 
 #if GRACE_BENCH_HAVE_LIBCUCKOO
-template <class Value>
+template <class Value, bool AbslHash = false>
 class libcuckoo_map_of {
  public:
   using value_type = Value;
   static constexpr const char* kName = "libcuckoo";
+  static constexpr const char* kHashName = kPeerHashName<AbslHash>;
   static constexpr bool kConcurrent = true;
   static constexpr bool kReadSections = false;
   static void release_cached_memory() {}
@@ -475,7 +501,10 @@ class libcuckoo_map_of {
   }
 
  private:
-  libcuckoo::cuckoohash_map<std::uint64_t, Value> map_;
+  libcuckoo::cuckoohash_map<
+      std::uint64_t, Value,
+      std::conditional_t<AbslHash, absl::Hash<std::uint64_t>, std::hash<std::uint64_t>>>
+      map_;
 };
 #endif
 

@@ -37,6 +37,9 @@
 //   peak_mem_mib     the highest RSS seen from the producers' start to their end (warm-up
 //                    included; read every 10 ms), relative as above
 //   fill_mib         RSS growth from building and filling the map
+//   add_batch_us, del_batch_us  add_del_on_diff_cpu: microseconds an adder (a deleter) spends
+//                    inside one batch of 64 inserts (erases), hand-overs excluded, averaged
+//                    over the window and the pairs: which side of the exchange a map pays on
 //   cpu_cores        CPU time of the whole process in the window / the window: about p when
 //                    the producers had their cores (less: they slept or another process
 //                    took a core; more: helper threads such as grace's engine or liburcu's
@@ -60,6 +63,10 @@
 //                    CPU's cache (--grace-fast-path: rseq, a restartable sequence where the
 //                    machine offers one, or held, an exchange on the cache's flag); na for
 //                    the others
+//   hash             the map's hash function: absl (absl::Hash: grace, cds_lfht, absl, and
+//                    oneTBB and libcuckoo under --peer-hash absl) or std (std::hash, the
+//                    identity on an integer key: oneTBB's and libcuckoo's defaults; see
+//                    map_adapters.h, "Hashes")
 //   value            fixed64: 64-byte trivially copyable values (value64, the default);
 //                    string: the same 64 bytes in a std::string (--value string), so every
 //                    stored value owns heap memory, and grace's elements then have a
@@ -219,6 +226,7 @@ struct config {
   // grace's element destruction (--grace-destruction)
   grace::element_destruction grace_destruction = grace::element_destruction::on_reclaim_worker;
   bool grace_restartable_sequences = true;  // grace's pool fast paths (--grace-fast-path)
+  bool peer_absl_hash = false;  // oneTBB and libcuckoo hash with absl::Hash (--peer-hash absl)
 };
 
 const char* value_name(bool string_values) { return string_values ? "string" : "fixed64"; }
@@ -450,11 +458,20 @@ class grace_stats_probe<grace_map_of<Value>> {
 // One producer's counters, written only by that producer.
 struct alignas(64) worker_slot {
   std::atomic<std::uint64_t> ops{0};  // htab-mem ops (64-element batches)
-  std::uint64_t errors = 0;           // read by the main thread after join
+  // Nanoseconds spent inside batches, where a use case times them (add_del_on_diff_cpu: its
+  // hand-overs are not map work).
+  std::atomic<std::uint64_t> busy_ns{0};
+  std::uint64_t errors = 0;  // read by the main thread after join
 
   void add_ops(std::uint64_t n) noexcept {
     // Relaxed: a statistics counter with a single writer, sampled by the main thread.
     ops.store(ops.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  void add_busy(bench_clock::duration d) noexcept {
+    const auto ns = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+    // Relaxed: as ops.
+    busy_ns.store(busy_ns.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
   }
 };
 
@@ -468,6 +485,9 @@ struct timed_stats {
   double mem_stddev_mib = 0;
   double peak_mib = 0;
   std::uint64_t errors = 0;
+  // Per producer, in the window: microseconds per batch inside timed batches (add_busy()),
+  // 0 where the use case times none.
+  std::vector<double> batch_us;
 };
 
 // CPU time of every thread of this process so far.
@@ -535,6 +555,12 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
   bench_clock::time_point prev_time = bench_clock::now();
   const bench_clock::time_point window_start = prev_time;
   const std::uint64_t window_start_ops = total_ops();
+  // Relaxed, both: approximate snapshots, as total_ops().
+  std::vector<std::uint64_t> start_busy_ns(threads), start_slot_ops(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    start_busy_ns[t] = slots[t].busy_ns.load(std::memory_order_relaxed);
+    start_slot_ops[t] = slots[t].ops.load(std::memory_order_relaxed);
+  }
   std::uint64_t prev_ops = window_start_ops;
   for (std::size_t k = 1; k <= samples; ++k) {
     std::this_thread::sleep_until(warm_end + period * static_cast<long>(k));
@@ -547,6 +573,13 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
     prev_ops = ops;
   }
   const std::uint64_t window_ops = prev_ops - window_start_ops;
+  std::vector<double> batch_us(threads, 0.0);
+  for (unsigned t = 0; t < threads; ++t) {
+    // Relaxed: as above.
+    const std::uint64_t busy = slots[t].busy_ns.load(std::memory_order_relaxed) - start_busy_ns[t];
+    const std::uint64_t batches = slots[t].ops.load(std::memory_order_relaxed) - start_slot_ops[t];
+    if (batches != 0) batch_us[t] = static_cast<double>(busy) / static_cast<double>(batches) / 1e3;
+  }
   const double window_s = seconds_between(window_start, prev_time);
   const double cpu_s = process_cpu_seconds() - cpu_start;
   // Relaxed: a stop request; the joins below are the synchronization.
@@ -565,6 +598,7 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
   mean_stddev(mem_mib, s.mem_mean_mib, s.mem_stddev_mib);
   s.peak_mib = peak > rss_before ? mib(static_cast<double>(peak - rss_before)) : 0.0;
   for (unsigned t = 0; t < threads; ++t) s.errors += slots[t].errors;
+  s.batch_us = std::move(batch_us);
   return s;
 }
 
@@ -671,6 +705,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
                 ps.sync.arrive_and_wait();
                 return;
               }
+              const bench_clock::time_point batch_start = bench_clock::now();
               {
                 // Ends before the hand-over: a thread waiting in a read section for its
                 // partner would hold back the grace periods the partner may wait for.
@@ -684,6 +719,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
                   }
                 }
               }
+              slot.add_busy(bench_clock::now() - batch_start);
               slot.add_ops(1);
               ps.sync.arrive_and_wait();  // the deleter may delete
               ps.sync.arrive_and_wait();  // it has deleted
@@ -692,6 +728,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
             for (;;) {
               ps.sync.arrive_and_wait();  // the adder has added (or is done)
               if (ps.done) return;
+              const bench_clock::time_point batch_start = bench_clock::now();
               {
                 const batch_section<Map> section(cfg);  // ends before the hand-over, as above
                 for (unsigned i = 0; i < kBatch; ++i) {
@@ -703,6 +740,7 @@ case_result run_htab_case(use_case uc, const config& cfg, anon_peak_sampler& rss
                   }
                 }
               }
+              slot.add_busy(bench_clock::now() - batch_start);
               slot.add_ops(1);
               ps.sync.arrive_and_wait();
             }
@@ -814,6 +852,8 @@ const char* destruction_of(const config& cfg) {
   return std::string(Map::kName) == "grace" ? destruction_name(cfg.grace_destruction) : "na";
 }
 
+const char* peer_hash_name(bool peer_absl_hash) { return peer_absl_hash ? "absl" : "native"; }
+
 const char* fast_path_name(bool restartable_sequences) {
   return restartable_sequences ? "rseq" : "held";
 }
@@ -828,7 +868,7 @@ const char* fast_path_of(const config& cfg) {
 result timed_result(const char* map, const char* value, use_case uc, unsigned threads,
                     const case_result& c, const char* read_sections,
                     const std::string& worker_nice, const char* destruction,
-                    const char* fast_path) {
+                    const char* fast_path, const char* hash) {
   const timed_stats& s = c.stats;
   result r;
   r.add("bench", "map").add("map", map).add("value", value).add("use_case", use_case_name(uc));
@@ -842,10 +882,22 @@ result timed_result(const char* map, const char* value, use_case uc, unsigned th
   r.add("fill_mib", c.fill_mib, 2);
   r.add("errors", c.errors + s.errors);
   r.add("cpu_cores", s.cpu_cores, 2);
+  if (uc == use_case::add_del_on_diff_cpu) {
+    // The adders are the even producers, the deleters the odd ones.
+    double add_us = 0;
+    double del_us = 0;
+    for (std::size_t t = 0; t < s.batch_us.size(); ++t) {
+      (t % 2 == 0 ? add_us : del_us) += s.batch_us[t];
+    }
+    const double pairs = static_cast<double>(s.batch_us.size() / 2);
+    r.add("add_batch_us", add_us / pairs, 2);
+    r.add("del_batch_us", del_us / pairs, 2);
+  }
   r.add("read_sections", read_sections);
   r.add("worker_nice", worker_nice);
   r.add("destruction", destruction);
   r.add("fast_path", fast_path);
+  r.add("hash", hash);
   return r;
 }
 
@@ -894,7 +946,7 @@ void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
   st.sink.emit(timed_result(Map::kName, value_name_of<Map>(), uc, st.cfg.producers, c,
                             read_sections_of<Map>(!keyed && st.cfg.batch_read_sections),
                             worker_nice_of<Map>(st.cfg), destruction_of<Map>(st.cfg),
-                            fast_path_of<Map>(st.cfg)));
+                            fast_path_of<Map>(st.cfg), Map::kHashName));
 }
 
 template <class Map>
@@ -913,6 +965,7 @@ void run_footprint(run_state& st) {
   r.add("bytes_per_key",
         static_cast<double>(static_cast<std::int64_t>(after - before)) / static_cast<double>(n), 1);
   r.add("errors", errors);
+  r.add("hash", Map::kHashName);
   st.sink.emit(r);
 }
 
@@ -983,9 +1036,10 @@ bool map_built(map_kind m) {
   }
 }
 
-// Calls f(static_cast<M*>(nullptr)) with M the adapter of map m holding Value.
+// Calls f(static_cast<M*>(nullptr)) with M the adapter of map m holding Value, hashing with
+// absl::Hash where the map would otherwise use std::hash and `peer_absl_hash` asks.
 template <class Value, class F>
-void with_map_type(map_kind m, F&& f) {
+void with_map_type(map_kind m, bool peer_absl_hash, F&& f) {
   switch (m) {
     case map_kind::grace:
       f(static_cast<grace_map_of<Value>*>(nullptr));
@@ -1003,12 +1057,20 @@ void with_map_type(map_kind m, F&& f) {
       break;
     case map_kind::tbb:
 #if GRACE_BENCH_HAVE_TBB
-      f(static_cast<tbb_map_of<Value>*>(nullptr));
+      if (peer_absl_hash) {
+        f(static_cast<tbb_map_of<Value, true>*>(nullptr));
+      } else {
+        f(static_cast<tbb_map_of<Value>*>(nullptr));
+      }
 #endif
       break;
     case map_kind::libcuckoo:
 #if GRACE_BENCH_HAVE_LIBCUCKOO
-      f(static_cast<libcuckoo_map_of<Value>*>(nullptr));
+      if (peer_absl_hash) {
+        f(static_cast<libcuckoo_map_of<Value, true>*>(nullptr));
+      } else {
+        f(static_cast<libcuckoo_map_of<Value>*>(nullptr));
+      }
 #endif
       break;
   }
@@ -1166,7 +1228,7 @@ void run_job_with_values(run_state& st, const job& j) {
     run_destroy<Value>(st);
     return;
   }
-  with_map_type<Value>(j.map, [&]<class Map>(Map*) {
+  with_map_type<Value>(j.map, st.cfg.peer_absl_hash, [&]<class Map>(Map*) {
     if (j.uc == use_case::footprint) {
       run_footprint<Map>(st);
     } else {
@@ -1220,7 +1282,9 @@ void run_job_isolated(const config& cfg, const job& j, result_sink& sink) {
                                    "--grace-destruction",
                                    destruction_name(cfg.grace_destruction),
                                    "--grace-fast-path",
-                                   fast_path_name(cfg.grace_restartable_sequences)};
+                                   fast_path_name(cfg.grace_restartable_sequences),
+                                   "--peer-hash",
+                                   peer_hash_name(cfg.peer_absl_hash)};
   if (j.uc == use_case::lookup || j.uc == use_case::mixed) {
     args.insert(args.end(), {"--keys", std::to_string(j.keys)});
   }
@@ -1297,6 +1361,10 @@ void describe(options_spec& spec) {
                   "where grace destroys erased and replaced elements that have a destructor "
                   "(hash_map_options::destruction): retired to the domain's reclaim worker, or "
                   "pooled and destroyed by the updating threads after the grace period");
+  spec.add_choice("peer-hash", "native", {"native", "absl"},
+                  "oneTBB's and libcuckoo's hash: their default, std::hash (the identity on an "
+                  "integer: consecutive keys in consecutive buckets), or absl::Hash, which grace, "
+                  "cds_lfht and absl use");
   spec.add_choice("grace-fast-path", "rseq", {"rseq", "held"},
                   "how grace's element pool takes its CPU's cache in allocate() and "
                   "deallocate() (pool_options::restartable_sequences): a restartable sequence "
@@ -1345,6 +1413,7 @@ int run(const parsed_options& options, reporter& out) {
   grace_destruction = cfg.grace_destruction;
   cfg.grace_restartable_sequences = options.choice("grace-fast-path") == "rseq";
   grace_restartable_sequences = cfg.grace_restartable_sequences;
+  cfg.peer_absl_hash = options.choice("peer-hash") == "absl";
   cfg.footprint_keys = options.count("footprint-keys");
   cfg.destroy_elements = options.count("destroy-elements");
   if (options.given("keys")) {
