@@ -561,7 +561,9 @@ int run(const parsed_options& options, reporter& out) {
   std::vector<workload> workloads;
   for (const std::string& name : options.choice_list("workload")) {
     if (name == "pairs" || name == "all") workloads.push_back(workload::pairs);
-    if (name == "producer-consumer" || name == "all") workloads.push_back(workload::producer_consumer);
+    if (name == "producer-consumer" || name == "all") {
+      workloads.push_back(workload::producer_consumer);
+    }
     if (name == "burst" || name == "all") workloads.push_back(workload::burst);
   }
   (void)urcu_memb_get_default_call_rcu_data();  // same readers in every mode (see retire)

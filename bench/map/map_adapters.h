@@ -52,10 +52,11 @@
 //   libcuckoo    libcuckoo::cuckoohash_map: insert_or_assign / insert / erase / find_fn
 //
 // Hashes: grace, cds_lfht and absl hash keys with absl::Hash. oneTBB and libcuckoo use their
-// own defaults, std::hash, which is the identity on an integer: consecutive keys (htab-mem's
-// t, t+p, ...) land in consecutive buckets, whose locks and slots share cache lines and
-// stream through the hardware prefetcher. `AbslHash` (--peer-hash absl) gives them
-// absl::Hash too, so that every map spreads keys alike.
+// own defaults, std::hash, which libstdc++ and libc++ make the identity on an integer:
+// consecutive keys (htab-mem's t, t+p, ...) land in consecutive buckets, whose buckets and
+// locks sit on neighbouring cache lines (oneTBB's 16-byte buckets share them) that the
+// hardware prefetcher streams in. `AbslHash` (--peer-hash absl) gives them absl::Hash too,
+// so that every map spreads keys alike.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>

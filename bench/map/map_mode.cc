@@ -37,13 +37,16 @@
 //   peak_mem_mib     the highest RSS seen from the producers' start to their end (warm-up
 //                    included; read every 10 ms), relative as above
 //   fill_mib         RSS growth from building and filling the map
-//   add_batch_us, del_batch_us  add_del_on_diff_cpu: microseconds an adder (a deleter) spends
-//                    inside one batch of 64 inserts (erases), hand-overs excluded, averaged
-//                    over the window and the pairs: which side of the exchange a map pays on
 //   cpu_cores        CPU time of the whole process in the window / the window: about p when
 //                    the producers had their cores (less: they slept or another process
 //                    took a core; more: helper threads such as grace's engine or liburcu's
 //                    call_rcu worker ran too)
+//   add_batch_us, del_batch_us  add_del_on_diff_cpu: wall-clock microseconds an adder (a
+//                    deleter) spends inside one batch of 64 inserts (erases), hand-overs
+//                    excluded, averaged over the window and the pairs that ran a batch in it
+//                    (na if none did): which side of the exchange a map pays on. Time a
+//                    helper thread (grace's engine, liburcu's call_rcu worker) took the
+//                    producer's core for counts too.
 //   errors           reads that found a wrong value or missed a key that must be present,
 //                    updates whose outcome contradicts the use case (overwrite inserting,
 //                    an add or delete of an owned key failing), fill inserts that failed,
@@ -63,10 +66,12 @@
 //                    CPU's cache (--grace-fast-path: rseq, a restartable sequence where the
 //                    machine offers one, or held, an exchange on the cache's flag); na for
 //                    the others
-//   hash             the map's hash function: absl (absl::Hash: grace, cds_lfht, absl, and
-//                    oneTBB and libcuckoo under --peer-hash absl) or std (std::hash, the
-//                    identity on an integer key: oneTBB's and libcuckoo's defaults; see
-//                    map_adapters.h, "Hashes")
+//   hash             (timed and footprint lines) the map's hash function: absl (absl::Hash:
+//                    grace, cds_lfht, absl, and oneTBB and libcuckoo under --peer-hash absl)
+//                    or std (std::hash, the identity on an integer key in libstdc++ and
+//                    libc++: oneTBB's and libcuckoo's defaults; see map_adapters.h, "Hashes")
+//   peer_hash        (timed and footprint lines) the run's --peer-hash, std or absl, so that
+//                    the lines of two runs that differ only there stay apart
 //   value            fixed64: 64-byte trivially copyable values (value64, the default);
 //                    string: the same 64 bytes in a std::string (--value string), so every
 //                    stored value owns heap memory, and grace's elements then have a
@@ -226,7 +231,7 @@ struct config {
   // grace's element destruction (--grace-destruction)
   grace::element_destruction grace_destruction = grace::element_destruction::on_reclaim_worker;
   bool grace_restartable_sequences = true;  // grace's pool fast paths (--grace-fast-path)
-  bool peer_absl_hash = false;  // oneTBB and libcuckoo hash with absl::Hash (--peer-hash absl)
+  bool peer_absl_hash = false;  // oneTBB and libcuckoo hash with absl::Hash (--peer-hash)
 };
 
 const char* value_name(bool string_values) { return string_values ? "string" : "fixed64"; }
@@ -573,7 +578,7 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
     prev_ops = ops;
   }
   const std::uint64_t window_ops = prev_ops - window_start_ops;
-  std::vector<double> batch_us(threads, 0.0);
+  std::vector<double> batch_us(threads, 0.0);  // 0: no timed batch in the window
   for (unsigned t = 0; t < threads; ++t) {
     // Relaxed: as above.
     const std::uint64_t busy = slots[t].busy_ns.load(std::memory_order_relaxed) - start_busy_ns[t];
@@ -852,7 +857,7 @@ const char* destruction_of(const config& cfg) {
   return std::string(Map::kName) == "grace" ? destruction_name(cfg.grace_destruction) : "na";
 }
 
-const char* peer_hash_name(bool peer_absl_hash) { return peer_absl_hash ? "absl" : "native"; }
+const char* peer_hash_name(bool peer_absl_hash) { return peer_absl_hash ? "absl" : "std"; }
 
 const char* fast_path_name(bool restartable_sequences) {
   return restartable_sequences ? "rseq" : "held";
@@ -868,7 +873,7 @@ const char* fast_path_of(const config& cfg) {
 result timed_result(const char* map, const char* value, use_case uc, unsigned threads,
                     const case_result& c, const char* read_sections,
                     const std::string& worker_nice, const char* destruction,
-                    const char* fast_path, const char* hash) {
+                    const char* fast_path, const char* hash, const char* peer_hash) {
   const timed_stats& s = c.stats;
   result r;
   r.add("bench", "map").add("map", map).add("value", value).add("use_case", use_case_name(uc));
@@ -883,21 +888,31 @@ result timed_result(const char* map, const char* value, use_case uc, unsigned th
   r.add("errors", c.errors + s.errors);
   r.add("cpu_cores", s.cpu_cores, 2);
   if (uc == use_case::add_del_on_diff_cpu) {
-    // The adders are the even producers, the deleters the odd ones.
-    double add_us = 0;
-    double del_us = 0;
-    for (std::size_t t = 0; t < s.batch_us.size(); ++t) {
-      (t % 2 == 0 ? add_us : del_us) += s.batch_us[t];
+    // The adders are the even producers, the deleters the odd ones; a side that ran no batch
+    // in the window is left out of its mean rather than counted as 0 µs.
+    for (const unsigned side : {0u, 1u}) {
+      double sum_us = 0;
+      unsigned timed = 0;
+      for (std::size_t t = side; t < s.batch_us.size(); t += 2) {
+        if (s.batch_us[t] > 0) {
+          sum_us += s.batch_us[t];
+          ++timed;
+        }
+      }
+      const char* key = side == 0 ? "add_batch_us" : "del_batch_us";
+      if (timed == 0) {
+        r.add_na(key);
+      } else {
+        r.add(key, sum_us / timed, 2);
+      }
     }
-    const double pairs = static_cast<double>(s.batch_us.size() / 2);
-    r.add("add_batch_us", add_us / pairs, 2);
-    r.add("del_batch_us", del_us / pairs, 2);
   }
   r.add("read_sections", read_sections);
   r.add("worker_nice", worker_nice);
   r.add("destruction", destruction);
   r.add("fast_path", fast_path);
   r.add("hash", hash);
+  r.add("peer_hash", peer_hash);
   return r;
 }
 
@@ -946,7 +961,8 @@ void run_timed_case(run_state& st, use_case uc, std::uint64_t n) {
   st.sink.emit(timed_result(Map::kName, value_name_of<Map>(), uc, st.cfg.producers, c,
                             read_sections_of<Map>(!keyed && st.cfg.batch_read_sections),
                             worker_nice_of<Map>(st.cfg), destruction_of<Map>(st.cfg),
-                            fast_path_of<Map>(st.cfg), Map::kHashName));
+                            fast_path_of<Map>(st.cfg), Map::kHashName,
+                            peer_hash_name(st.cfg.peer_absl_hash)));
 }
 
 template <class Map>
@@ -966,6 +982,7 @@ void run_footprint(run_state& st) {
         static_cast<double>(static_cast<std::int64_t>(after - before)) / static_cast<double>(n), 1);
   r.add("errors", errors);
   r.add("hash", Map::kHashName);
+  r.add("peer_hash", peer_hash_name(st.cfg.peer_absl_hash));
   st.sink.emit(r);
 }
 
@@ -1361,7 +1378,7 @@ void describe(options_spec& spec) {
                   "where grace destroys erased and replaced elements that have a destructor "
                   "(hash_map_options::destruction): retired to the domain's reclaim worker, or "
                   "pooled and destroyed by the updating threads after the grace period");
-  spec.add_choice("peer-hash", "native", {"native", "absl"},
+  spec.add_choice("peer-hash", "std", {"std", "absl"},
                   "oneTBB's and libcuckoo's hash: their default, std::hash (the identity on an "
                   "integer: consecutive keys in consecutive buckets), or absl::Hash, which grace, "
                   "cds_lfht and absl use");

@@ -121,7 +121,8 @@ std::vector<std::uint64_t> measure(waiter_kind waiter, domain& d, call_rcu_compl
                                    const sampling& cfg) {
   std::vector<std::uint64_t> samples_ns;
   const bool on_domain = waiter != waiter_kind::call_rcu;  // synchronize or barrier
-  const auto budget = std::chrono::duration<double>(on_domain ? cfg.sync_seconds : cfg.call_rcu_seconds);
+  const auto budget =
+      std::chrono::duration<double>(on_domain ? cfg.sync_seconds : cfg.call_rcu_seconds);
   samples_ns.reserve(on_domain ? std::min<std::uint64_t>(cfg.max_samples, 1 << 16) : 1024);
 
   std::uint32_t issued = 0;                // completion is fresh: no callback has run on it
