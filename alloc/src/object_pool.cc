@@ -1406,7 +1406,8 @@ pool_options resolve_options(std::size_t object_size, pool_options options) {
       options.low_watermark = std::max<std::size_t>(32 * 256 / object_size, 1);
       options.high_watermark = std::max<std::size_t>(96 * 256 / object_size, 3);
     }
-    options.batch = std::max<std::size_t>((options.high_watermark - options.low_watermark) / 4 * 3, 1);
+    options.batch =
+        std::max<std::size_t>((options.high_watermark - options.low_watermark) / 4 * 3, 1);
   }
   if (options.batch == 0) fail("pool_options.batch must be at least 1");
   if (options.batch > 4096) fail("pool_options.batch must be at most 4096");

@@ -165,7 +165,8 @@ domain::domain(domain_options options)
                                                                  : detail::kRetireBlockCapacity),
       // A block holding more than its share of the soft byte limit is handed in at once, so
       // open blocks never hide more than the soft limit.
-      block_bytes_budget_(std::max<std::uint64_t>(1, options_.soft_limit_bytes / (shard_mask_ + 1))),
+      block_bytes_budget_(
+          std::max<std::uint64_t>(1, options_.soft_limit_bytes / (shard_mask_ + 1))),
       engine_(std::make_unique<detail::reclaim_engine>(*this)) {}
 
 domain::~domain() {

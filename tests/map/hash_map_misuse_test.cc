@@ -1,8 +1,9 @@
 // Misuse of grace::hash_map that the library diagnoses instead of corrupting memory quietly:
 // a map destroyed while another thread still uses it, a map updated from inside its own
 // update() or erase_if() callback, and a transparent Hash that hashes a lookup key otherwise
-// than the Key it stands for (builds with GRACE_CHECK_MISUSE, the default without NDEBUG), and a pointer from a pinned view read after the view ended
-// (AddressSanitizer builds, through the element pool's poisoning).
+// than the Key it stands for (builds with GRACE_CHECK_MISUSE, the default without NDEBUG),
+// and a pointer from a pinned view read after the view ended (AddressSanitizer builds,
+// through the element pool's poisoning).
 //
 // Each check only exists in the builds that can make it, so every registered test runs.
 #include <gtest/gtest.h>

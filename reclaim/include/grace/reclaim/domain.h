@@ -239,7 +239,8 @@ inline void domain::retire(void* object, void (*deleter)(void*), std::size_t byt
   detail::retire_shard& shard = shards_[detail::current_cpu() & shard_mask_];
   // Acquire (R3): own the shard's open block, with the entries its previous owner wrote;
   // pairs with the Release store (R4) that ended that ownership.
-  detail::retire_block* block = shard.open.exchange(detail::shard_held(), std::memory_order_acquire);
+  detail::retire_block* block =
+      shard.open.exchange(detail::shard_held(), std::memory_order_acquire);
   if (block == nullptr || block == detail::shard_held()) [[unlikely]] {
     retire_slow(shard, block, object, deleter, bytes);
     return;

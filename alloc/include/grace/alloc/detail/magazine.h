@@ -52,11 +52,12 @@
 //        unlocking. Only objects past their grace period (from a ready magazine, a
 //        retire() deleter, never handed out, or handed out but never seen:
 //        deallocate_unconstructed(); or, without reuse_after_gp, any deallocated object)
-//        are released, so a free slot may be handed out at once (P2). The lock is only ever tried. It holds the fork generation it was
-//        taken under (grace/reclaim/detail/fork.h, bumped in the child before grace starts
-//        any thread there): a thread that finds it held under an older generation takes it
-//        over (the holder was a thread of a parent) and rebuilds free_slots and the lists
-//        from the bitmaps.
+//        are released, so a free slot may be handed out at once (P2). The lock is only
+//        ever tried. It holds the fork generation it was taken under
+//        (grace/reclaim/detail/fork.h, bumped in the child before grace starts any thread
+//        there): a thread that finds it held under an older generation takes it over (the
+//        holder was a thread of a parent) and rebuilds free_slots and the lists from the
+//        bitmaps.
 //   (P6) A release that finds the chunk lock held is deferred to the holder: objects onto
 //        the deferred object stack, linked through their first word (they are free and past
 //        their grace period: nobody reads them), an uncarved tail as its chunk onto the
@@ -98,8 +99,8 @@
 //        Acquire exchange that takes it (A4).
 //   (A4) Acquire exchange(nullptr) on a depot slot.
 //   (A5) The Acquire CAS that takes the chunk lock sees the bitmaps, the partial list and
-//        the retained lists as the previous holder left them; pairs with the store that ended that hold. The
-//        deferred stacks: CAS push, Acquire exchange take-all. A pusher then tries the lock,
+//        the retained lists as the previous holder left them; pairs with the store that
+//        ended that hold. The deferred stacks: CAS push, Acquire exchange take-all. A pusher then tries the lock,
 //        and a holder looks at the stacks after its unlock: the push, the pusher's load of
 //        the lock, the unlock and the holder's loads are SeqCst (Dekker), so one of the two
 //        frees the pushed slots.

@@ -127,8 +127,9 @@ inline void* rseq_pop(pool_cache* caches, unsigned caches_count) noexcept {
            "movq %%rdx, %c[count](%%rcx)\n\t"  // the commit: count - 1
            GRACE_RSEQ_EPILOGUE
            :
-           : GRACE_RSEQ_COMMON_INPUTS, [object] "r"(&object), [loaded] "i"(offsetof(pool_cache, loaded)),
-             [count] "i"(offsetof(magazine, count)), [objects] "i"(sizeof(magazine))
+           : GRACE_RSEQ_COMMON_INPUTS, [object] "r"(&object),
+             [loaded] "i"(offsetof(pool_cache, loaded)), [count] "i"(offsetof(magazine, count)),
+             [objects] "i"(sizeof(magazine))
            : "rax", "rcx", "rdx", "memory", "cc"
            : fallback);
   return object;

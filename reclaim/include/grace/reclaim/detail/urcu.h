@@ -94,8 +94,9 @@ inline void liburcu_read_lock() noexcept {
     // Relaxed: the phase is written under liburcu's GP lock; the fence below orders this
     // thread's section after the store that announces it (pairs with synchronize_rcu's
     // membarrier, as liburcu's own lock does).
-    count.store(std::atomic_ref<unsigned long>(*reader.liburcu_phase).load(std::memory_order_relaxed),
-                std::memory_order_relaxed);
+    const unsigned long phase =
+        std::atomic_ref<unsigned long>(*reader.liburcu_phase).load(std::memory_order_relaxed);
+    count.store(phase, std::memory_order_relaxed);
     liburcu_reader_fence(reader);
   } else {
     count.store(held + kLiburcuNestingOne, std::memory_order_relaxed);  // the program's section
