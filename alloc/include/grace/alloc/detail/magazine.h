@@ -100,10 +100,10 @@
 //   (A4) Acquire exchange(nullptr) on a depot slot.
 //   (A5) The Acquire CAS that takes the chunk lock sees the bitmaps, the partial list and
 //        the retained lists as the previous holder left them; pairs with the store that
-//        ended that hold. The deferred stacks: CAS push, Acquire exchange take-all. A pusher then tries the lock,
-//        and a holder looks at the stacks after its unlock: the push, the pusher's load of
-//        the lock, the unlock and the holder's loads are SeqCst (Dekker), so one of the two
-//        frees the pushed slots.
+//        ended that hold. The deferred stacks: CAS push, Acquire exchange take-all. A
+//        pusher then tries the lock, and a holder looks at the stacks after its unlock:
+//        the push, the pusher's load of the lock, the unlock and the holder's loads are
+//        SeqCst (Dekker), so one of the two frees the pushed slots.
 //   (A6) Release store of a new chunk into its record (after its header and cleared
 //        bitmap); pairs with the Acquire load in the repair after a fork(), which may run
 //        while another thread of the child cuts a chunk.
