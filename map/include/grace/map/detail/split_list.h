@@ -129,6 +129,16 @@ inline constexpr std::uint64_t kLookIntervalFloor = 64;
 #define GRACE_MAP_LINK_TAGS 0
 #endif
 inline constexpr bool kLinkTags = GRACE_MAP_LINK_TAGS;
+// The layout is part of split_list's ABI: its out-of-line members, built into the grace::map
+// library, must see links as the code that calls them does. This tag goes into the mangled
+// name of every member, so a translation unit built with the other layout (its own
+// GRACE_MAP_LINK_TAGS, or HWASan in one part of a program) fails to link, naming the tag it
+// misses, instead of walking the library's list with the wrong layout.
+#if GRACE_MAP_LINK_TAGS
+#define GRACE_MAP_LAYOUT_ABI_TAG "link_tags"
+#else
+#define GRACE_MAP_LAYOUT_ABI_TAG "no_link_tags"
+#endif
 inline constexpr unsigned kTagShift = 57;
 inline constexpr std::uintptr_t kTagMask =
     kLinkTags ? static_cast<std::uintptr_t>(std::uint64_t{0x3F} << kTagShift) : 0;
@@ -238,7 +248,7 @@ struct hash_map_config {
   bool restartable_sequences;
 };
 
-class split_list {
+class [[gnu::abi_tag(GRACE_MAP_LAYOUT_ABI_TAG)]] split_list {
  public:
   // Throws std::bad_alloc; the levels for config.initial_buckets are built at once.
   split_list(const hash_map_config& config, domain& reclamation, element_ops ops);
