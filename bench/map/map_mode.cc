@@ -468,15 +468,16 @@ struct alignas(64) worker_slot {
   std::atomic<std::uint64_t> busy_ns{0};
   std::uint64_t errors = 0;  // read by the main thread after join
 
-  void add_ops(std::uint64_t n) noexcept {
-    // Relaxed: a statistics counter with a single writer, sampled by the main thread.
-    ops.store(ops.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  }
+  void add_ops(std::uint64_t n) noexcept { add(ops, n); }
   void add_busy(bench_clock::duration d) noexcept {
-    const auto ns = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
-    // Relaxed: as ops.
-    busy_ns.store(busy_ns.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
+    add(busy_ns, static_cast<std::uint64_t>(
+                     std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()));
+  }
+
+ private:
+  static void add(std::atomic<std::uint64_t>& counter, std::uint64_t n) noexcept {
+    // Relaxed: a statistics counter with a single writer, sampled by the main thread.
+    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
 };
 
@@ -559,12 +560,13 @@ timed_stats run_timed(const config& cfg, unsigned threads, anon_peak_sampler& rs
   const double cpu_start = process_cpu_seconds();
   bench_clock::time_point prev_time = bench_clock::now();
   const bench_clock::time_point window_start = prev_time;
-  const std::uint64_t window_start_ops = total_ops();
   // Relaxed, both: approximate snapshots, as total_ops().
   std::vector<std::uint64_t> start_busy_ns(threads), start_slot_ops(threads);
+  std::uint64_t window_start_ops = 0;
   for (unsigned t = 0; t < threads; ++t) {
     start_busy_ns[t] = slots[t].busy_ns.load(std::memory_order_relaxed);
     start_slot_ops[t] = slots[t].ops.load(std::memory_order_relaxed);
+    window_start_ops += start_slot_ops[t];
   }
   std::uint64_t prev_ops = window_start_ops;
   for (std::size_t k = 1; k <= samples; ++k) {
@@ -857,7 +859,9 @@ const char* destruction_of(const config& cfg) {
   return std::string(Map::kName) == "grace" ? destruction_name(cfg.grace_destruction) : "na";
 }
 
-const char* peer_hash_name(bool peer_absl_hash) { return peer_absl_hash ? "absl" : "std"; }
+const char* peer_hash_name(bool peer_absl_hash) {
+  return peer_absl_hash ? kPeerHashName<true> : kPeerHashName<false>;
+}
 
 const char* fast_path_name(bool restartable_sequences) {
   return restartable_sequences ? "rseq" : "held";
