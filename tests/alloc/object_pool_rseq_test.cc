@@ -71,9 +71,24 @@ namespace {
 namespace ga = grace::testing::alloc;
 namespace gt = grace::testing;
 
+// Whether the kernel runs this thread's rseq area, read from what it writes there: once the
+// area is registered, the kernel keeps the thread's CPU in cpu_id; glibc leaves
+// RSEQ_CPU_ID_REGISTRATION_FAILED (-2) where it registered none (its tunable
+// glibc.pthread.rseq=0, or a kernel without rseq). Not __rseq_size, which the code under
+// test reads.
+bool kernel_runs_this_threads_rseq_area() {
+#if GRACE_POOL_RSEQ
+  const auto* area = reinterpret_cast<const volatile struct rseq*>(
+      static_cast<const char*>(__builtin_thread_pointer()) + __rseq_offset);
+  return static_cast<std::int32_t>(area->cpu_id) >= 0;
+#else
+  return false;
+#endif
+}
+
 // What the pool should decide, asked of the machine directly.
 bool machine_offers_restartable_sequences() {
-  if (!GRACE_POOL_RSEQ || __rseq_size == 0) return false;
+  if (!kernel_runs_this_threads_rseq_area()) return false;
   const long commands = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   return commands > 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) != 0 &&
          syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
@@ -129,7 +144,7 @@ void add_until(const std::atomic<bool>& stop, std::int64_t* first_word, unsigned
 // build or glibc offers no restartable sequences, every add reports that it did nothing.
 TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
   // What rseq_add() needs, asked of the machine directly: no membarrier fence.
-  const bool offered = GRACE_POOL_RSEQ && __rseq_size != 0;
+  const bool offered = kernel_runs_this_threads_rseq_area();
   EXPECT_EQ(grace::detail::per_cpu_adds_available(), offered);
   struct alignas(64) word {
     std::int64_t value = 0;
