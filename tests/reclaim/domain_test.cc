@@ -864,7 +864,7 @@ struct reader_watched {
 
 void reclaim_reader_watched(void* p) {
   auto* object = static_cast<reader_watched*>(p);
-  // Acquire: pairs with the reader's Release store of `leaving` right before its guard ended.
+  // Acquire: pairs with the reader's Release store of its mark right before its guard ended.
   if (!object->reader_leaving->load(std::memory_order_acquire)) {
     object->reclaimed_early->fetch_add(1, std::memory_order_relaxed);  // Relaxed: a tally.
   }
@@ -877,28 +877,14 @@ TEST_P(DomainBatching, EmergencyReclaimWaitsForReadersThatPinnedBeforeTheRetire)
   grace::domain_options o = options(kNoDrainTimer);
   o.allocator = allocator.get();
   gt::instance_tracker tracker(1);
-  std::atomic<bool> inside{false};
-  std::atomic<bool> retiring{false};
-  std::atomic<bool> leaving{false};
   std::atomic<int> reclaimed_early{0};
   grace::domain d(o);
-  std::thread reader([&] {
-    auto g = grace::pin();
-    // Release: pairs with the Acquire spin below (only gates the sequence).
-    inside.store(true, std::memory_order_release);
-    // Acquire: pairs with the Release store of `retiring`.
-    while (!retiring.load(std::memory_order_acquire)) std::this_thread::yield();
-    std::this_thread::sleep_for(kHold);  // widen the window for an early reclaim
-    // Release: last act inside the section; pairs with the Acquire in the deleter.
-    leaving.store(true, std::memory_order_release);
-  });
-  // Acquire: pairs with the reader's Release store of `inside`.
-  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
-  // Release: pairs with the reader's Acquire spin.
-  retiring.store(true, std::memory_order_release);
+  gt::lingering_reader reader(kHold);
+  reader.wait_until_inside();
+  reader.go();
   {
     gt::watchdog dog(kNoDeadlock, "emergency retire() while a reader is inside");
-    d.retire(new reader_watched{{tracker, 0}, &leaving, &reclaimed_early},
+    d.retire(new reader_watched{{tracker, 0}, reader.leaving(), &reclaimed_early},
              &reclaim_reader_watched, sizeof(reader_watched));
     d.barrier();
   }
@@ -948,30 +934,18 @@ TEST(Domain, BarrierWaitsForObjectsAnotherThreadRetiredWithoutMemoryInsideItsSec
   allocator.fail_all(true);
   gt::instance_tracker tracker(1);
   grace::domain d({.drain_interval = kNoDrainTimer, .allocator = allocator.get()});
-  std::atomic<bool> retired{false};
-  std::atomic<bool> barrier_called{false};
-  std::atomic<bool> leaving{false};
-  std::thread retirer([&] {
+  gt::lingering_reader retirer(kHold, 1, [&](const std::function<void()>& body) {
     auto g = d.pin();
     d.retire(new gt::tracked(tracker, 0));  // postponed to this guard's end
-    // Release: pairs with the Acquire spin below (only gates the sequence).
-    retired.store(true, std::memory_order_release);
-    // Acquire: pairs with the Release store of `barrier_called`.
-    while (!barrier_called.load(std::memory_order_acquire)) std::this_thread::yield();
-    std::this_thread::sleep_for(kHold);  // widen the window for an early return
-    // Release: last act inside the section; pairs with the Acquire after barrier().
-    leaving.store(true, std::memory_order_release);
+    body();
   });
-  // Acquire: pairs with the retirer's Release store of `retired`.
-  while (!retired.load(std::memory_order_acquire)) std::this_thread::yield();
-  // Release: pairs with the retirer's Acquire spin.
-  barrier_called.store(true, std::memory_order_release);
+  retirer.wait_until_inside();
+  retirer.go();
   {
     gt::watchdog dog(kNoDeadlock, "barrier() while another thread owes an emergency reclaim");
     d.barrier();
   }
-  // Acquire: pairs with the retirer's Release store right before its section ended.
-  EXPECT_TRUE(leaving.load(std::memory_order_acquire));
+  EXPECT_TRUE(retirer.left_section());
   EXPECT_TRUE(tracker.each_destroyed_once(0, 1))
       << "barrier() returned before an object retired before the call was reclaimed";
   retirer.join();
@@ -982,23 +956,16 @@ TEST(Domain, BarrierReclaimsObjectsRetiredByDeletersRunAtAGuardsEnd) {
   allocator.fail_all(true);
   gt::instance_tracker tracker(2);
   grace::domain d({.drain_interval = kNoDrainTimer, .allocator = allocator.get()});
-  std::atomic<bool> retired{false};
-  std::atomic<bool> barrier_called{false};
-  std::thread retirer([&] {
+  // The hold lets barrier() get going before the deleter's own retire() gets a block.
+  gt::lingering_reader retirer(kHold, 1, [&](const std::function<void()>& body) {
     auto g = d.pin();
     // No memory: postponed to this guard's end. Its deleter retires level 1 (id 1).
     d.retire(new chain_link(d, tracker, 0, 0, 2), &reclaim_chain_link, sizeof(chain_link));
-    // Release: pairs with the Acquire spin below (only gates the sequence).
-    retired.store(true, std::memory_order_release);
-    // Acquire: pairs with the Release store of `barrier_called`.
-    while (!barrier_called.load(std::memory_order_acquire)) std::this_thread::yield();
-    std::this_thread::sleep_for(kHold);  // let barrier() get going
-    allocator.fail_all(false);  // the deleter's own retire() now gets a block
+    body();
+    allocator.fail_all(false);
   });
-  // Acquire: pairs with the retirer's Release store of `retired`.
-  while (!retired.load(std::memory_order_acquire)) std::this_thread::yield();
-  // Release: pairs with the retirer's Acquire spin.
-  barrier_called.store(true, std::memory_order_release);
+  retirer.wait_until_inside();
+  retirer.go();
   {
     gt::watchdog dog(kNoDeadlock, "barrier() while a chained emergency reclaim is owed");
     d.barrier();
@@ -1076,31 +1043,15 @@ TEST(Domain, ConcurrentBarriersEachReclaimWhatTheirCallerRetired) {
 TEST(Domain, SynchronizeReturnsOnlyAfterAReaderThatPinnedBeforeItHasLeft) {
   grace::domain d;
   for (int round = 0; round < 3; ++round) {
-    std::atomic<bool> inside{false};
-    std::atomic<bool> synchronizing{false};
-    std::atomic<bool> leaving{false};
-    std::thread reader([&] {
-      auto g = grace::pin();
-      // Release: pairs with the Acquire spin below (only gates the sequence).
-      inside.store(true, std::memory_order_release);
-      // Acquire: pairs with the Release store of `synchronizing`.
-      while (!synchronizing.load(std::memory_order_acquire)) std::this_thread::yield();
-      std::this_thread::sleep_for(kHold);  // widen the window for an early return
-      // Release: last act inside the section; pairs with the Acquire after synchronize().
-      leaving.store(true, std::memory_order_release);
-    });
-    // Acquire: pairs with the reader's Release store of `inside`.
-    while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
-    // Release: pairs with the reader's Acquire spin.
-    synchronizing.store(true, std::memory_order_release);
+    gt::lingering_reader reader(kHold);
+    reader.wait_until_inside();
+    reader.go();
     {
       gt::watchdog dog(kNoDeadlock, "synchronize()");
       d.synchronize();
     }
-    // Acquire: pairs with the reader's Release store right before its section ended.
-    EXPECT_TRUE(leaving.load(std::memory_order_acquire))
+    EXPECT_TRUE(reader.left_section())
         << "round " << round << ": synchronize() returned while an earlier reader was inside";
-    reader.join();
   }
 }
 
@@ -1108,31 +1059,14 @@ TEST(Domain, ConcurrentSynchronizeCallsAllWaitForAnEarlierReader) {
   grace::domain d;
   constexpr unsigned kSynchronizers = 4;
   for (int round = 0; round < 3; ++round) {
-    std::atomic<bool> inside{false};
-    std::atomic<unsigned> synchronizing{0};
-    std::atomic<bool> leaving{false};
     std::atomic<unsigned> early_returns{0};
-    std::thread reader([&] {
-      auto g = grace::pin();
-      // Release: pairs with the synchronizers' Acquire spin (only gates the sequence).
-      inside.store(true, std::memory_order_release);
-      // Acquire: pairs with each synchronizer's Release increment of `synchronizing`.
-      while (synchronizing.load(std::memory_order_acquire) != kSynchronizers) {
-        std::this_thread::yield();
-      }
-      std::this_thread::sleep_for(kHold);  // widen the window for an early return
-      // Release: last act inside the section; pairs with the Acquire after synchronize().
-      leaving.store(true, std::memory_order_release);
-    });
+    gt::lingering_reader reader(kHold, kSynchronizers);
     gt::watchdog dog(kNoDeadlock, "concurrent synchronize()");
     gt::run_threads(kSynchronizers, [&](unsigned) {
-      // Acquire: pairs with the reader's Release store of `inside`.
-      while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
-      // Release: pairs with the reader's Acquire spin.
-      synchronizing.fetch_add(1, std::memory_order_release);
+      reader.wait_until_inside();
+      reader.go();
       d.synchronize();
-      // Acquire: pairs with the reader's Release store right before its section ended.
-      if (!leaving.load(std::memory_order_acquire)) {
+      if (!reader.left_section()) {
         early_returns.fetch_add(1, std::memory_order_relaxed);  // Relaxed: read after joins.
       }
     });
@@ -1187,31 +1121,17 @@ TEST(Domain, RetirePastTheHardLimitWaitsUntilTheBacklogDrains) {
   constexpr std::size_t kObjects = 4 * kHard;
   gt::instance_tracker tracker(kObjects);
   grace::domain d(small_limits());
-  std::atomic<bool> inside{false};
-  std::atomic<bool> retiring{false};
-  std::atomic<bool> leaving{false};
   // While this reader is inside, nothing retired after it pinned can be reclaimed, so the
   // backlog cannot fall: a retiring thread past the hard limit must wait for it to leave.
-  std::thread reader([&] {
-    auto g = grace::pin();
-    // Release: pairs with the Acquire spin below (only gates the sequence).
-    inside.store(true, std::memory_order_release);
-    // Acquire: pairs with the Release store of `retiring`.
-    while (!retiring.load(std::memory_order_acquire)) std::this_thread::yield();
-    std::this_thread::sleep_for(2 * kHold);  // the retiring loop reaches the limit meanwhile
-    // Release: last act inside the section; pairs with the Acquire after the retire loop.
-    leaving.store(true, std::memory_order_release);
-  });
-  // Acquire: pairs with the reader's Release store of `inside`.
-  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
-  // Release: pairs with the reader's Acquire spin.
-  retiring.store(true, std::memory_order_release);
+  // It stays long enough for the retiring loop to reach the limit.
+  gt::lingering_reader reader(2 * kHold);
+  reader.wait_until_inside();
+  reader.go();
   {
     gt::watchdog dog(kNoDeadlock, "retire() past the hard limit");
     for (std::size_t i = 0; i < kObjects; ++i) d.retire(new gt::tracked(tracker, i));
   }
-  // Acquire: pairs with the reader's Release store right before its section ended.
-  EXPECT_TRUE(leaving.load(std::memory_order_acquire))
+  EXPECT_TRUE(reader.left_section())
       << "retired 4x the hard limit without waiting while the backlog could not drain";
   reader.join();
   const grace::domain_stats s = d.stats();

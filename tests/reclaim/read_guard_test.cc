@@ -40,31 +40,14 @@ using section_fn = std::function<void(const section_body& body)>;
 // d.synchronize() on this thread once the reader is inside; synchronize() must not return
 // before the reader has left.
 void expect_synchronize_waits_for(grace::domain& d, const section_fn& section) {
-  std::atomic<bool> inside{false};
-  std::atomic<bool> synchronizing{false};
-  std::atomic<bool> leaving{false};
-  std::thread reader([&] {
-    section([&] {
-      // Release: pairs with the Acquire spin on `inside` below (only gates the sequence).
-      inside.store(true, std::memory_order_release);
-      // Acquire: pairs with the Release store of `synchronizing` (only gates the sequence).
-      while (!synchronizing.load(std::memory_order_acquire)) std::this_thread::yield();
-      std::this_thread::sleep_for(kHold);  // widen the window; not synchronization
-      // Release: the last thing the reader does inside its section; pairs with the Acquire
-      // load after synchronize() returns.
-      leaving.store(true, std::memory_order_release);
-    });
-  });
-  // Acquire: pairs with the reader's Release store of `inside`.
-  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+  gt::lingering_reader reader(kHold, 1, section);
+  reader.wait_until_inside();
   {
     gt::watchdog dog(kNoDeadlock, "synchronize() with one reader inside");
-    // Release: pairs with the reader's Acquire spin on `synchronizing`.
-    synchronizing.store(true, std::memory_order_release);
+    reader.go();
     d.synchronize();
   }
-  // Acquire: pairs with the reader's Release store of `leaving` right before its section ends.
-  const bool reader_had_left = leaving.load(std::memory_order_acquire);
+  const bool reader_had_left = reader.left_section();
   reader.join();
   EXPECT_TRUE(reader_had_left)
       << "synchronize() returned while a reader that entered its section before the call "
@@ -294,7 +277,7 @@ struct watched_object {
 
 void reclaim_watched(void* p) {
   auto* object = static_cast<watched_object*>(p);
-  // Acquire: pairs with the reader's Release store of `leaving` made right before its guard
+  // Acquire: pairs with the reader's Release store of its mark made right before its guard
   // ended; a grace period that waited for the reader makes it visible.
   if (!object->reader_leaving->load(std::memory_order_acquire)) {
     object->reclaimed_early->fetch_add(1, std::memory_order_relaxed);  // Relaxed: a tally.
@@ -304,33 +287,20 @@ void reclaim_watched(void* p) {
 }
 
 TEST(ReadGuard, OneGuardProtectsObjectsOfEveryDomain) {
-  std::atomic<bool> inside{false};
-  std::atomic<bool> retired{false};
-  std::atomic<bool> leaving{false};
   std::atomic<int> reclaimed_early{0};
   std::atomic<int> reclaimed{0};
   grace::domain first({.drain_interval = 1ms});
   grace::domain second({.drain_interval = 1ms, .batching = grace::batching::per_object});
   grace::domain& global = grace::domain::global();
 
-  std::thread reader([&] {
-    auto g = grace::pin();
-    // Release: pairs with the Acquire spin below (only gates the sequence).
-    inside.store(true, std::memory_order_release);
-    // Acquire: pairs with the Release store of `retired` (only gates the sequence).
-    while (!retired.load(std::memory_order_acquire)) std::this_thread::yield();
-    std::this_thread::sleep_for(kHold);  // give a broken engine time to reclaim early
-    // Release: last act inside the section; pairs with the Acquire load in reclaim_watched().
-    leaving.store(true, std::memory_order_release);
-  });
-  // Acquire: pairs with the reader's Release store of `inside`.
-  while (!inside.load(std::memory_order_acquire)) std::this_thread::yield();
+  // Its hold gives a broken engine time to reclaim early.
+  gt::lingering_reader reader(kHold);
+  reader.wait_until_inside();
   for (grace::domain* d : {&first, &second, &global}) {
-    d->retire(new watched_object{&leaving, &reclaimed_early, &reclaimed}, &reclaim_watched,
-              sizeof(watched_object));
+    d->retire(new watched_object{reader.leaving(), &reclaimed_early, &reclaimed},
+              &reclaim_watched, sizeof(watched_object));
   }
-  // Release: pairs with the reader's Acquire spin on `retired`.
-  retired.store(true, std::memory_order_release);
+  reader.go();
   {
     gt::watchdog dog(kNoDeadlock, "barrier() on three domains");
     first.barrier();

@@ -87,6 +87,49 @@ guard_holder::~guard_holder() {
   if (thread_.joinable()) release();
 }
 
+lingering_reader::lingering_reader(std::chrono::milliseconds hold, unsigned goes,
+                                   section enter) {
+  if (!enter) {
+    enter = [](const std::function<void()>& body) {
+      auto g = grace::pin();
+      body();
+    };
+  }
+  thread_ = std::thread([this, hold, goes, enter = std::move(enter)] {
+    enter([&] {
+      // Release: the reader is inside; pairs with the Acquire load in wait_until_inside().
+      inside_.store(true, std::memory_order_release);
+      // Acquire: pairs with the Release increments in go() (only gates the sequence).
+      while (goes_.load(std::memory_order_acquire) < goes) std::this_thread::yield();
+      std::this_thread::sleep_for(hold);  // widens the window; not synchronization
+      // Release: the last act inside the section; pairs with the Acquire load in
+      // left_section() and in whatever checks leaving().
+      leaving_.store(true, std::memory_order_release);
+    });
+  });
+}
+
+lingering_reader::~lingering_reader() { join(); }
+
+void lingering_reader::wait_until_inside() const {
+  // Acquire: pairs with the reader's Release store of inside_.
+  while (!inside_.load(std::memory_order_acquire)) std::this_thread::yield();
+}
+
+void lingering_reader::go() {
+  // Release: pairs with the reader's Acquire spin on goes_.
+  goes_.fetch_add(1, std::memory_order_release);
+}
+
+bool lingering_reader::left_section() const {
+  // Acquire: pairs with the reader's Release store of leaving_, its last act inside.
+  return leaving_.load(std::memory_order_acquire);
+}
+
+void lingering_reader::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
 bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!condition()) {

@@ -15,6 +15,8 @@
 //     (turns a deadlock into a failure that names what hung).
 //   - eventually(): polls a condition until it holds or a timeout passes.
 //   - guard_holder: a thread that holds a read section until released.
+//   - lingering_reader: a thread that stays in a read section a while after the test's
+//     go-ahead, then marks that it leaves: for calls that must wait for earlier readers.
 //   - failing_allocator: a grace::system_allocator that fails the Nth allocation, or every
 //     allocation while a flag is set, and counts what is live.
 //   - mapping_allocator: a grace::system_allocator that never calls malloc (fork tests).
@@ -182,6 +184,36 @@ class guard_holder {
   std::thread thread_;
   std::atomic<bool> inside_{false};
   std::atomic<bool> leave_{false};
+};
+
+// A thread that enters a read section, waits there until the test has called go() `goes`
+// times, lingers `hold` longer (widening the window in which a call that should wait for it
+// returns early, or an object it can see is reclaimed), and, as its last act inside, marks
+// that it is leaving. The test starts the call that must wait after wait_until_inside()
+// and go(); left_section() false after that call returns means it did not wait.
+class lingering_reader {
+ public:
+  // Enters a read section in some way and calls body() inside it.
+  using section = std::function<void(const std::function<void()>& body)>;
+  // Starts the thread; `enter` defaults to a grace::pin() guard.
+  explicit lingering_reader(std::chrono::milliseconds hold, unsigned goes = 1,
+                            section enter = {});
+  lingering_reader(const lingering_reader&) = delete;
+  lingering_reader& operator=(const lingering_reader&) = delete;
+  ~lingering_reader();  // joins
+
+  void wait_until_inside() const;  // returns once the reader is inside its section
+  void go();                       // one of the `goes` the reader waits for
+  bool left_section() const;       // whether the reader has marked that it is leaving
+  // The mark itself, for an object whose reclaim checks that the reader had left.
+  const std::atomic<bool>* leaving() const { return &leaving_; }
+  void join();
+
+ private:
+  std::atomic<bool> inside_{false};
+  std::atomic<unsigned> goes_{0};
+  std::atomic<bool> leaving_{false};
+  std::thread thread_;
 };
 
 // ---------------------------------------------------------------------------------------------
