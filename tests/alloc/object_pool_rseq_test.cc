@@ -18,9 +18,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -73,22 +76,39 @@ namespace gt = grace::testing;
 
 // Whether the kernel runs this thread's rseq area, read from what it writes there: once the
 // area is registered, the kernel keeps the thread's CPU in cpu_id; glibc leaves
-// RSEQ_CPU_ID_REGISTRATION_FAILED (-2) where it registered none (its tunable
+// RSEQ_CPU_ID_REGISTRATION_FAILED (-2) there when it registered none (its tunable
 // glibc.pthread.rseq=0, or a kernel without rseq). Not __rseq_size, which the code under
 // test reads.
 bool kernel_runs_this_threads_rseq_area() {
-#if GRACE_POOL_RSEQ
   const auto* area = reinterpret_cast<const volatile struct rseq*>(
       static_cast<const char*>(__builtin_thread_pointer()) + __rseq_offset);
   return static_cast<std::int32_t>(area->cpu_id) >= 0;
-#else
-  return false;
-#endif
+}
+
+// Whether this process runs with glibc's rseq registration turned off (CTest's
+// glibc_rseq_off.* cases).
+bool glibc_told_not_to_register_rseq() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  return tunables != nullptr &&
+         std::string_view(tunables).find("glibc.pthread.rseq=0") != std::string_view::npos;
+}
+
+// Whether the kernel has the rseq system call: a call with no area fails with EINVAL there
+// (ENOSYS where it has none), and registers nothing.
+bool kernel_has_rseq() {
+  return syscall(__NR_rseq, nullptr, 0, 0, 0) == -1 && errno == EINVAL;
+}
+
+// The oracle the tests below use must tell the two CTest runs of this file apart, or the
+// glibc_rseq_off.* run would silently repeat the other.
+TEST(ObjectPoolRseq, TheKernelRunsAnRseqAreaExactlyWhenGlibcMayRegisterOne) {
+  EXPECT_EQ(kernel_runs_this_threads_rseq_area(),
+            kernel_has_rseq() && !glibc_told_not_to_register_rseq());
 }
 
 // What the pool should decide, asked of the machine directly.
 bool machine_offers_restartable_sequences() {
-  if (!kernel_runs_this_threads_rseq_area()) return false;
+  if (!GRACE_POOL_RSEQ || !kernel_runs_this_threads_rseq_area()) return false;
   const long commands = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   return commands > 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) != 0 &&
          syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
@@ -144,7 +164,7 @@ void add_until(const std::atomic<bool>& stop, std::int64_t* first_word, unsigned
 // build or glibc offers no restartable sequences, every add reports that it did nothing.
 TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
   // What rseq_add() needs, asked of the machine directly: no membarrier fence.
-  const bool offered = kernel_runs_this_threads_rseq_area();
+  const bool offered = GRACE_POOL_RSEQ && kernel_runs_this_threads_rseq_area();
   EXPECT_EQ(grace::detail::per_cpu_adds_available(), offered);
   struct alignas(64) word {
     std::int64_t value = 0;

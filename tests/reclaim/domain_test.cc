@@ -22,7 +22,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -858,7 +860,7 @@ TEST_P(DomainBatching, RetireWithoutBlockMemoryReclaimsOnTheRetiringThread) {
 
 struct reader_watched {
   gt::tracked payload;
-  const std::atomic<bool>* reader_leaving;
+  std::shared_ptr<const std::atomic<bool>> reader_leaving;
   std::atomic<int>* reclaimed_early;
 };
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -270,7 +271,7 @@ TEST(ReadGuard, GuardOnOneDomainHoldsGracePeriodsOfEveryDomain) {
 // Objects retired into different domains after a reader pinned are all reclaimed only after
 // that reader left: one guard protects every domain.
 struct watched_object {
-  const std::atomic<bool>* reader_leaving;
+  std::shared_ptr<const std::atomic<bool>> reader_leaving;
   std::atomic<int>* reclaimed_early;
   std::atomic<int>* reclaimed;
 };

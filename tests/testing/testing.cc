@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -104,12 +105,18 @@ lingering_reader::lingering_reader(std::chrono::milliseconds hold, unsigned goes
       std::this_thread::sleep_for(hold);  // widens the window; not synchronization
       // Release: the last act inside the section; pairs with the Acquire load in
       // left_section() and in whatever checks leaving().
-      leaving_.store(true, std::memory_order_release);
+      leaving_->store(true, std::memory_order_release);
     });
   });
 }
 
-lingering_reader::~lingering_reader() { join(); }
+lingering_reader::~lingering_reader() {
+  // A test that ends early (a failed assertion, an exception) may not have said go() as
+  // often as the reader waits for: let it leave, or the join would wait for ever. Release:
+  // pairs with the reader's Acquire spin on goes_.
+  goes_.store(std::numeric_limits<unsigned>::max(), std::memory_order_release);
+  join();
+}
 
 void lingering_reader::wait_until_inside() const {
   // Acquire: pairs with the reader's Release store of inside_.
@@ -123,7 +130,7 @@ void lingering_reader::go() {
 
 bool lingering_reader::left_section() const {
   // Acquire: pairs with the reader's Release store of leaving_, its last act inside.
-  return leaving_.load(std::memory_order_acquire);
+  return leaving_->load(std::memory_order_acquire);
 }
 
 void lingering_reader::join() {

@@ -200,19 +200,20 @@ class lingering_reader {
                             section enter = {});
   lingering_reader(const lingering_reader&) = delete;
   lingering_reader& operator=(const lingering_reader&) = delete;
-  ~lingering_reader();  // joins
+  ~lingering_reader();  // lets the reader go if the test has not, and joins
 
   void wait_until_inside() const;  // returns once the reader is inside its section
   void go();                       // one of the `goes` the reader waits for
   bool left_section() const;       // whether the reader has marked that it is leaving
-  // The mark itself, for an object whose reclaim checks that the reader had left.
-  const std::atomic<bool>* leaving() const { return &leaving_; }
+  // The mark itself, for an object whose reclaim checks that the reader had left; shared,
+  // so that an object a domain reclaims after the reader is gone still finds it.
+  std::shared_ptr<const std::atomic<bool>> leaving() const { return leaving_; }
   void join();
 
  private:
   std::atomic<bool> inside_{false};
   std::atomic<unsigned> goes_{0};
-  std::atomic<bool> leaving_{false};
+  std::shared_ptr<std::atomic<bool>> leaving_ = std::make_shared<std::atomic<bool>>(false);
   std::thread thread_;
 };
 
