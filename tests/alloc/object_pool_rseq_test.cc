@@ -106,9 +106,14 @@ TEST(ObjectPoolRseq, TheKernelRunsAnRseqAreaExactlyWhenGlibcMayRegisterOne) {
             kernel_has_rseq() && !glibc_told_not_to_register_rseq());
 }
 
+// What rseq_add() needs, asked of the machine directly: no membarrier fence.
+bool machine_offers_per_cpu_adds() {
+  return GRACE_POOL_RSEQ && kernel_runs_this_threads_rseq_area();
+}
+
 // What the pool should decide, asked of the machine directly.
 bool machine_offers_restartable_sequences() {
-  if (!GRACE_POOL_RSEQ || !kernel_runs_this_threads_rseq_area()) return false;
+  if (!machine_offers_per_cpu_adds()) return false;
   const long commands = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   return commands > 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) != 0 &&
          syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
@@ -163,8 +168,7 @@ void add_until(const std::atomic<bool>& stop, std::int64_t* first_word, unsigned
 // committed in part, or reported a restart after its add, would break the sum. Where the
 // build or glibc offers no restartable sequences, every add reports that it did nothing.
 TEST(ObjectPoolRseq, APerCpuAddTheKernelRestartsAddsNothingAndSaysSo) {
-  // What rseq_add() needs, asked of the machine directly: no membarrier fence.
-  const bool offered = GRACE_POOL_RSEQ && kernel_runs_this_threads_rseq_area();
+  const bool offered = machine_offers_per_cpu_adds();
   EXPECT_EQ(grace::detail::per_cpu_adds_available(), offered);
   struct alignas(64) word {
     std::int64_t value = 0;

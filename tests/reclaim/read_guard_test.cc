@@ -35,7 +35,7 @@ constexpr auto kNoDeadlock = 30s;
 
 using section_body = std::function<void()>;
 // Enters a read section in some way, calls body() inside it, then leaves.
-using section_fn = std::function<void(const section_body& body)>;
+using section_fn = gt::lingering_reader::section;
 
 // Runs `section` on a fresh thread (so its first guard also registers the thread) and calls
 // d.synchronize() on this thread once the reader is inside; synchronize() must not return
