@@ -17,12 +17,14 @@ function(grace_cc_library)
 endfunction()
 
 # grace_cc_test(NAME n SRCS ... [DEPS ...] [LABELS ...] [TIMEOUT s] [TEST_PREFIX p]
-#               [TEST_FILTER f])
+#               [TEST_FILTER f] [PROPERTIES name value ...])
 #   One GoogleTest executable registered with CTest (each TEST a CTest case, its name
 #   prefixed with p: the same sources built twice, against two variants of a library; and
-#   only the tests that the --gtest_filter f selects, when given).
+#   only the tests that the --gtest_filter f selects, when given). PROPERTIES are set on
+#   every case, after TIMEOUT and LABELS.
 function(grace_cc_test)
-  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;TEST_PREFIX;TEST_FILTER" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT;TEST_PREFIX;TEST_FILTER" "SRCS;DEPS;LABELS;PROPERTIES"
+                        ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} grace_testing GTest::gtest_main)
   if(NOT ARG_TIMEOUT)
@@ -33,7 +35,7 @@ function(grace_cc_test)
   endif()
   gtest_discover_tests(${ARG_NAME} DISCOVERY_TIMEOUT 60 TEST_PREFIX "${ARG_TEST_PREFIX}"
                        TEST_FILTER "${ARG_TEST_FILTER}"
-                       PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+                       PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}" ${ARG_PROPERTIES})
 endfunction()
 
 # grace_cc_bench(NAME n SRCS ... [DEPS ...])
