@@ -1,18 +1,22 @@
 # grace_cc_library(NAME n [HDRS ...] [SRCS ...] [DEPS ...])
-#   Defines grace_<n> with the alias grace::<n>; its public headers live in include/.
+#   Defines grace_<n> with the alias grace::<n> (also its name when installed); its public
+#   headers live in include/.
 #   Without SRCS it is an INTERFACE library.
 function(grace_cc_library)
   cmake_parse_arguments(ARG "" "NAME" "HDRS;SRCS;DEPS" ${ARGN})
   set(target grace_${ARG_NAME})
+  set(include_dirs $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+                   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   if(ARG_SRCS)
     add_library(${target} STATIC ${ARG_SRCS} ${ARG_HDRS})
-    target_include_directories(${target} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    target_include_directories(${target} PUBLIC ${include_dirs})
     target_link_libraries(${target} PUBLIC ${ARG_DEPS})
   else()
     add_library(${target} INTERFACE ${ARG_HDRS})
-    target_include_directories(${target} INTERFACE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    target_include_directories(${target} INTERFACE ${include_dirs})
     target_link_libraries(${target} INTERFACE ${ARG_DEPS})
   endif()
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${ARG_NAME})
   add_library(grace::${ARG_NAME} ALIAS ${target})
 endfunction()
 

@@ -1,0 +1,31 @@
+# `cmake --install`: the static libraries, the public headers and a CMake package, so that
+#   find_package(grace 0.1 REQUIRED)
+#   target_link_libraries(my_service PRIVATE grace::grace)
+# works against an installed prefix as add_subdirectory() does against the source tree.
+# Included from the top-level CMakeLists.txt when GRACE_INSTALL is ON.
+include(CMakePackageConfigHelpers)
+
+set(GRACE_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/grace)
+
+install(TARGETS grace_reclaim grace_alloc grace_map grace
+        EXPORT graceTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# Every header under the components' include/ folders is public (detail/ ones are included
+# by the public ones); the src/*_internal.h headers stay behind.
+install(DIRECTORY reclaim/include/grace alloc/include/grace map/include/grace
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        FILES_MATCHING PATTERN "*.h")
+install(EXPORT graceTargets
+        NAMESPACE grace::
+        DESTINATION ${GRACE_INSTALL_CMAKEDIR})
+
+configure_package_config_file(cmake/graceConfig.cmake.in
+                              ${CMAKE_CURRENT_BINARY_DIR}/graceConfig.cmake
+                              INSTALL_DESTINATION ${GRACE_INSTALL_CMAKEDIR})
+# 0.x: a new minor version may change the API, so only the same minor version is compatible.
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/graceConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/graceConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/graceConfigVersion.cmake
+        DESTINATION ${GRACE_INSTALL_CMAKEDIR})
+install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
