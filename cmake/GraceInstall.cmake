@@ -1,8 +1,9 @@
 # `cmake --install`: the static libraries, the public headers and a CMake package, so that
 #   find_package(grace 0.1 REQUIRED)
 #   target_link_libraries(my_service PRIVATE grace::grace)
-# works against an installed prefix as add_subdirectory() does against the source tree.
-# Included from the top-level CMakeLists.txt when GRACE_INSTALL is ON.
+# works against an installed prefix as add_subdirectory() does against the source tree; and a
+# pkg-config file for builds without CMake. Included from the top-level CMakeLists.txt when
+# GRACE_INSTALL is ON.
 include(CMakePackageConfigHelpers)
 
 set(GRACE_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/grace)
@@ -29,3 +30,16 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/graceConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/graceConfigVersion.cmake
         DESTINATION ${GRACE_INSTALL_CMAKEDIR})
 install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
+# grace.pc: the prefix as a path relative to the file's own folder, so that the file stays
+# right under whatever prefix `cmake --install --prefix` is given.
+file(RELATIVE_PATH GRACE_PC_PREFIX_FROM_PCFILEDIR /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig
+     /prefix)
+string(REGEX REPLACE "/$" "" GRACE_PC_PREFIX_FROM_PCFILEDIR ${GRACE_PC_PREFIX_FROM_PCFILEDIR})
+set(GRACE_PC_CFLAGS "")
+if(NOT GRACE_URCU_INLINE_READ_SIDE)
+  set(GRACE_PC_CFLAGS " -DGRACE_URCU_LIBRARY_READ_SIDE=1")
+endif()
+configure_file(cmake/grace.pc.in ${CMAKE_CURRENT_BINARY_DIR}/grace.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/grace.pc
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
