@@ -31,15 +31,21 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/graceConfig.cmake
         DESTINATION ${GRACE_INSTALL_CMAKEDIR})
 install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
-# grace.pc: the prefix as a path relative to the file's own folder, so that the file stays
-# right under whatever prefix `cmake --install --prefix` is given.
-file(RELATIVE_PATH GRACE_PC_PREFIX_FROM_PCFILEDIR /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig
-     /prefix)
-string(REGEX REPLACE "/$" "" GRACE_PC_PREFIX_FROM_PCFILEDIR ${GRACE_PC_PREFIX_FROM_PCFILEDIR})
-set(GRACE_PC_CFLAGS "")
-if(NOT GRACE_URCU_INLINE_READ_SIDE)
-  set(GRACE_PC_CFLAGS " -DGRACE_URCU_LIBRARY_READ_SIDE=1")
+# grace.pc: relocatable where the install directories are relative to the prefix (the
+# default): its paths start from the file's own folder, so the file stays right under whatever
+# prefix `cmake --install --prefix` is given. Absolute install directories are written as
+# they are.
+if(IS_ABSOLUTE ${CMAKE_INSTALL_LIBDIR} OR IS_ABSOLUTE ${CMAKE_INSTALL_INCLUDEDIR})
+  set(GRACE_PC_LIBDIR ${CMAKE_INSTALL_FULL_LIBDIR})
+  set(GRACE_PC_INCLUDEDIR ${CMAKE_INSTALL_FULL_INCLUDEDIR})
+else()
+  file(RELATIVE_PATH include_from_pc /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig
+       /prefix/${CMAKE_INSTALL_INCLUDEDIR})
+  set(GRACE_PC_LIBDIR "\${pcfiledir}/..")
+  set(GRACE_PC_INCLUDEDIR "\${pcfiledir}/${include_from_pc}")
 endif()
+list(TRANSFORM GRACE_PUBLIC_DEFINITIONS PREPEND " -D" OUTPUT_VARIABLE pc_definitions)
+string(JOIN "" GRACE_PC_CFLAGS ${pc_definitions})
 configure_file(cmake/grace.pc.in ${CMAKE_CURRENT_BINARY_DIR}/grace.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/grace.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

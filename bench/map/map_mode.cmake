@@ -2,6 +2,7 @@
 # bench/CMakeLists.txt after the grace-bench target exists. liburcu-cds (cds_lfht), oneTBB
 # and libcuckoo are optional: each found one adds its peer and a GRACE_BENCH_HAVE_* definition.
 find_package(absl REQUIRED)
+pkg_check_modules(URCU_CDS QUIET IMPORTED_TARGET liburcu-cds)
 find_package(TBB CONFIG QUIET)
 find_package(libcuckoo CONFIG QUIET)
 

@@ -1,10 +1,13 @@
-# Builds and runs tests/package/consumer the way a service would use grace (cmake -P):
-#   MODE=add_subdirectory  the consumer's CMake build adds grace's source tree;
-#   MODE=find_package      grace's build (GRACE_BUILD_DIR) is installed to a fresh prefix, its
-#                          files checked, and the consumer's CMake build finds it there;
-#   MODE=pkg_config        the same install, and the consumer compiled by one compiler command
-#                          with the flags `pkg-config --cflags --libs grace` gives.
-# Also given: GRACE_SOURCE_DIR, WORK_DIR, GENERATOR, CXX_COMPILER, BUILD_TYPE.
+# A service's use of grace, built from scratch and run (cmake -P; tests/package/CMakeLists.txt
+# registers one test per MODE):
+#   install           configures and builds grace's libraries alone, installs them to PREFIX
+#                     (libraries in LIBDIR) and checks the files a user's build needs;
+#   add_subdirectory  consumer/'s CMake build adds grace's source tree;
+#   find_package      consumer/'s CMake build finds the install;
+#   pkg_config        consumer/main.cc compiled by one compiler command with the flags of
+#                     `pkg-config --cflags --libs grace` for the install.
+# Also given: GRACE_SOURCE_DIR, WORK_DIR, GENERATOR, MAKE_PROGRAM, CXX_COMPILER, CXX_FLAGS,
+# PREFIX_PATH (the outer build's CMAKE_PREFIX_PATH), PKG_CONFIG.
 cmake_minimum_required(VERSION 3.25)
 
 function(run_step what)
@@ -16,62 +19,85 @@ function(run_step what)
   message(STATUS "${what}: ok")
 endfunction()
 
-# Installs grace's build under `prefix` and checks what a user's build needs is there.
-function(install_grace prefix)
-  run_step("install grace to ${prefix}"
-           ${CMAKE_COMMAND} --install ${GRACE_BUILD_DIR} --prefix ${prefix})
-  foreach(expected include/grace/map/hash_map.h include/grace/alloc/object_pool.h
-                   include/grace/reclaim/domain.h include/grace/map/detail/split_list.h
-                   lib/libgrace_map.a lib/libgrace_alloc.a lib/libgrace_reclaim.a
-                   lib/cmake/grace/graceConfig.cmake lib/cmake/grace/graceConfigVersion.cmake
-                   lib/cmake/grace/graceTargets.cmake lib/pkgconfig/grace.pc
-                   share/doc/grace/LICENSE)
-    if(NOT EXISTS ${prefix}/${expected})
-      message(FATAL_ERROR "the install lacks ${expected}")
-    endif()
-  endforeach()
-  file(GLOB_RECURSE internal_headers RELATIVE ${prefix} ${prefix}/*_internal.h)
-  if(internal_headers)
-    message(FATAL_ERROR "the install holds private headers: ${internal_headers}")
+function(require_inside path dir what)
+  cmake_path(ABSOLUTE_PATH path NORMALIZE)
+  cmake_path(ABSOLUTE_PATH dir NORMALIZE)
+  cmake_path(IS_PREFIX dir "${path}" NORMALIZE inside)
+  if(NOT inside)
+    message(FATAL_ERROR "${what} is ${path}, not under ${dir}")
   endif()
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
-set(prefix ${WORK_DIR}/prefix)
-set(consumer_args -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
-                  -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DGRACE_CONSUME=${MODE})
+set(build_args -G ${GENERATOR} -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}
+               -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
 
-if(MODE STREQUAL "add_subdirectory")
-  list(APPEND consumer_args -DGRACE_SOURCE_DIR=${GRACE_SOURCE_DIR})
-elseif(MODE STREQUAL "find_package")
-  install_grace(${prefix})
-  list(APPEND consumer_args -DCMAKE_PREFIX_PATH=${prefix} -DGRACE_EXPECTED_PREFIX=${prefix})
-elseif(MODE STREQUAL "pkg_config")
-  install_grace(${prefix})
-  # The consumer's own pkg-config search path first, as a user who installed grace there
-  # would set it; liburcu and abseil come from the system's.
-  set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
-  execute_process(COMMAND pkg-config --cflags --libs grace RESULT_VARIABLE status
+if(MODE STREQUAL "install")
+  file(REMOVE_RECURSE ${PREFIX})
+  run_step("configure grace's libraries"
+           ${CMAKE_COMMAND} -S ${GRACE_SOURCE_DIR} -B ${WORK_DIR}/grace ${build_args}
+                            -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${PREFIX_PATH}"
+                            -DCMAKE_INSTALL_LIBDIR=${LIBDIR} -DGRACE_BUILD_TESTS=OFF
+                            -DGRACE_BUILD_BENCH=OFF -DGRACE_BUILD_EXAMPLES=OFF)
+  run_step("build grace's libraries" ${CMAKE_COMMAND} --build ${WORK_DIR}/grace -j 2)
+  run_step("install grace to ${PREFIX}"
+           ${CMAKE_COMMAND} --install ${WORK_DIR}/grace --prefix ${PREFIX})
+  foreach(expected include/grace/map/hash_map.h include/grace/alloc/object_pool.h
+                   include/grace/reclaim/domain.h include/grace/map/detail/split_list.h
+                   ${LIBDIR}/libgrace_map.a ${LIBDIR}/libgrace_alloc.a
+                   ${LIBDIR}/libgrace_reclaim.a ${LIBDIR}/cmake/grace/graceConfig.cmake
+                   ${LIBDIR}/cmake/grace/graceConfigVersion.cmake
+                   ${LIBDIR}/cmake/grace/graceTargets.cmake ${LIBDIR}/pkgconfig/grace.pc
+                   share/doc/grace/LICENSE)
+    if(NOT EXISTS ${PREFIX}/${expected})
+      message(FATAL_ERROR "the install lacks ${expected}")
+    endif()
+  endforeach()
+  file(GLOB_RECURSE internal_headers RELATIVE ${PREFIX} ${PREFIX}/*_internal.h)
+  if(internal_headers)
+    message(FATAL_ERROR "the install holds private headers: ${internal_headers}")
+  endif()
+  return()
+endif()
+
+if(MODE STREQUAL "pkg_config")
+  # The install first on pkg-config's path, as a user who installed grace there would put it;
+  # liburcu and abseil come from the rest of the path.
+  set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${LIBDIR}/pkgconfig:$ENV{PKG_CONFIG_PATH}")
+  foreach(variable libdir includedir)
+    execute_process(COMMAND ${PKG_CONFIG} --variable=${variable} grace RESULT_VARIABLE status
+                    OUTPUT_VARIABLE value OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT status EQUAL 0)
+      message(FATAL_ERROR "pkg-config finds no grace under ${PREFIX}/${LIBDIR}/pkgconfig")
+    endif()
+    require_inside(${value} ${PREFIX} "grace.pc's ${variable}")
+  endforeach()
+  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs grace RESULT_VARIABLE status
                   OUTPUT_VARIABLE flags ERROR_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT status EQUAL 0)
     message(FATAL_ERROR "pkg-config --cflags --libs grace failed:\n${flags}")
   endif()
-  if(NOT flags MATCHES "-I${prefix}/lib/pkgconfig/\\.\\./\\.\\./include")
-    message(FATAL_ERROR "pkg-config's flags do not point into ${prefix}: ${flags}")
-  endif()
   separate_arguments(flags UNIX_COMMAND "${flags}")
-  file(MAKE_DIRECTORY ${WORK_DIR}/build)
+  separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
+  file(MAKE_DIRECTORY ${WORK_DIR})
   run_step("compile and link the consumer with pkg-config's flags"
-           ${CXX_COMPILER} -std=c++20 ${CMAKE_CURRENT_LIST_DIR}/consumer/main.cc ${flags}
-                           -o ${WORK_DIR}/build/consumer)
-  run_step("run the consumer" ${WORK_DIR}/build/consumer)
+           ${CXX_COMPILER} ${cxx_flags} -std=c++20 ${CMAKE_CURRENT_LIST_DIR}/consumer/main.cc
+                           ${flags} -o ${WORK_DIR}/consumer)
+  run_step("run the consumer" ${WORK_DIR}/consumer)
   return()
-else()
-  message(FATAL_ERROR "MODE must be add_subdirectory, find_package or pkg_config, not '${MODE}'")
 endif()
 
+if(MODE STREQUAL "add_subdirectory")
+  set(consumer_args -DGRACE_SOURCE_DIR=${GRACE_SOURCE_DIR} "-DCMAKE_PREFIX_PATH=${PREFIX_PATH}")
+elseif(MODE STREQUAL "find_package")
+  set(consumer_args "-DCMAKE_PREFIX_PATH=${PREFIX};${PREFIX_PATH}"
+                    -DGRACE_EXPECTED_PREFIX=${PREFIX})
+else()
+  message(FATAL_ERROR "MODE must be install, add_subdirectory, find_package or pkg_config, "
+                      "not '${MODE}'")
+endif()
 run_step("configure the consumer"
-         ${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/consumer -B ${WORK_DIR}/build
-                          ${consumer_args})
-run_step("build the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build -j 2)
-run_step("run the consumer" ${WORK_DIR}/build/consumer)
+         ${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/consumer -B ${WORK_DIR} ${build_args}
+                          -DCMAKE_BUILD_TYPE=Debug -DGRACE_CONSUME=${MODE} ${consumer_args})
+run_step("build the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR} -j 2)
+run_step("run the consumer" ${WORK_DIR}/consumer)

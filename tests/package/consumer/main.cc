@@ -1,6 +1,6 @@
-// A service's use of grace through its CMake targets: a map of strings updated from two
-// threads, read back, erased, and its memory released with the map. Exits non-zero with a
-// message naming what differed.
+// A service's use of grace, however its build found it (tests/package): a map of strings
+// updated from two threads, read back, erased, and its memory released with the map. Exits
+// non-zero with a message naming what differed.
 #include <grace/map/hash_map.h>
 #include <grace/reclaim/domain.h>
 
