@@ -1,7 +1,8 @@
 # A service's use of grace, built from scratch and run (cmake -P; tests/package/CMakeLists.txt
 # registers one test per MODE):
 #   install           configures and builds grace's libraries alone, installs them to PREFIX
-#                     (libraries in LIBDIR) and checks the files a user's build needs;
+#                     (libraries in LIBDIR), checks the files a user's build needs, and
+#                     compiles each installed header on its own;
 #   add_subdirectory  consumer/'s CMake build adds grace's source tree;
 #   find_package      consumer/'s CMake build finds the install;
 #   pkg_config        consumer/main.cc compiled by one compiler command with the flags of
@@ -19,6 +20,17 @@ function(run_step what)
   message(STATUS "${what}: ok")
 endfunction()
 
+# What `pkg-config <ARGN> grace` says of the install under PREFIX, as a list of arguments.
+function(grace_pc_flags out)
+  execute_process(COMMAND ${PKG_CONFIG} ${ARGN} grace RESULT_VARIABLE status
+                  OUTPUT_VARIABLE flags ERROR_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT status EQUAL 0)
+    message(FATAL_ERROR "pkg-config ${ARGN} grace failed:\n${flags}")
+  endif()
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  set(${out} ${flags} PARENT_SCOPE)
+endfunction()
+
 function(require_inside path dir what)
   cmake_path(ABSOLUTE_PATH path NORMALIZE)
   cmake_path(ABSOLUTE_PATH dir NORMALIZE)
@@ -29,6 +41,9 @@ function(require_inside path dir what)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
+# The install first on pkg-config's path, as a user who installed grace there would put it;
+# liburcu and abseil come from the rest of the path.
+set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${LIBDIR}/pkgconfig:$ENV{PKG_CONFIG_PATH}")
 set(build_args -G ${GENERATOR} -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}
                -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
 
@@ -57,27 +72,25 @@ if(MODE STREQUAL "install")
   if(internal_headers)
     message(FATAL_ERROR "the install holds private headers: ${internal_headers}")
   endif()
+  # Every installed header compiles on its own: none relies on another included before it.
+  grace_pc_flags(cflags --cflags)
+  separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
+  file(GLOB_RECURSE headers RELATIVE ${PREFIX}/include ${PREFIX}/include/grace/*.h)
+  foreach(header ${headers})
+    string(MAKE_C_IDENTIFIER ${header} unit)
+    file(WRITE ${WORK_DIR}/headers/${unit}.cc "#include <${header}>\n")
+    run_step("${header} on its own" ${CXX_COMPILER} ${cxx_flags} -std=c++20 -fsyntax-only
+                                     ${cflags} ${WORK_DIR}/headers/${unit}.cc)
+  endforeach()
   return()
 endif()
 
 if(MODE STREQUAL "pkg_config")
-  # The install first on pkg-config's path, as a user who installed grace there would put it;
-  # liburcu and abseil come from the rest of the path.
-  set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${LIBDIR}/pkgconfig:$ENV{PKG_CONFIG_PATH}")
   foreach(variable libdir includedir)
-    execute_process(COMMAND ${PKG_CONFIG} --variable=${variable} grace RESULT_VARIABLE status
-                    OUTPUT_VARIABLE value OUTPUT_STRIP_TRAILING_WHITESPACE)
-    if(NOT status EQUAL 0)
-      message(FATAL_ERROR "pkg-config finds no grace under ${PREFIX}/${LIBDIR}/pkgconfig")
-    endif()
-    require_inside(${value} ${PREFIX} "grace.pc's ${variable}")
+    grace_pc_flags(value --variable=${variable})
+    require_inside("${value}" ${PREFIX} "grace.pc's ${variable}")
   endforeach()
-  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs grace RESULT_VARIABLE status
-                  OUTPUT_VARIABLE flags ERROR_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(NOT status EQUAL 0)
-    message(FATAL_ERROR "pkg-config --cflags --libs grace failed:\n${flags}")
-  endif()
-  separate_arguments(flags UNIX_COMMAND "${flags}")
+  grace_pc_flags(flags --cflags --libs)
   separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
   file(MAKE_DIRECTORY ${WORK_DIR})
   run_step("compile and link the consumer with pkg-config's flags"
