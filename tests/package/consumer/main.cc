@@ -1,12 +1,17 @@
 // A service's use of grace, however its build found it (tests/package): a map of strings
-// updated from two threads, read back, erased, and its memory released with the map. Exits
-// non-zero with a message naming what differed.
+// updated from two threads, read back, erased, and its memory released with the map; in the
+// CMake builds, also a map inside a shared library. Exits non-zero with a message naming
+// what differed.
 #include <grace/map/hash_map.h>
 #include <grace/reclaim/domain.h>
 
 #include <cstdio>
 #include <string>
 #include <thread>
+
+#if GRACE_CONSUMER_PLUGIN
+int grace_consumer_plugin_sum();  // plugin.cc, a shared library
+#endif
 
 namespace {
 
@@ -46,6 +51,10 @@ int main() {
       return fail("contains() disagrees with the erases", i);
     }
   }
+#if GRACE_CONSUMER_PLUGIN
+  // The sum of the squares of 0..99, from the shared library's own map.
+  if (grace_consumer_plugin_sum() != 328350) return fail("the shared library's map", -1);
+#endif
   grace::domain::global().barrier();
   std::puts("grace consumer: ok");
   return 0;
