@@ -1,29 +1,36 @@
 # grace_cc_library(NAME n [HDRS ...] [SRCS ...] [DEPS ...])
-#   Defines grace_<n> with the alias grace::<n> (also its name when installed); its public
-#   headers live in include/.
+#   Defines grace_<n> with the alias grace::<n> (also its name when installed). HDRS are its
+#   public headers, every one under include/ (configure fails naming one left out): a file set
+#   that gives the include directory and is what `cmake --install` installs.
 #   Without SRCS it is an INTERFACE library.
 function(grace_cc_library)
   cmake_parse_arguments(ARG "" "NAME" "HDRS;SRCS;DEPS" ${ARGN})
   set(target grace_${ARG_NAME})
-  set(include_dirs $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
-                   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
-  # C++20 is a usage requirement: grace's headers need it in every unit that includes them.
+  file(GLOB_RECURSE present RELATIVE ${CMAKE_CURRENT_SOURCE_DIR} CONFIGURE_DEPENDS
+       ${CMAKE_CURRENT_SOURCE_DIR}/include/*.h)
+  foreach(header ${present})
+    if(NOT header IN_LIST ARG_HDRS)
+      message(FATAL_ERROR "${header} is not in grace_cc_library(NAME ${ARG_NAME} HDRS ...): "
+                          "it would not be installed")
+    endif()
+  endforeach()
   if(ARG_SRCS)
-    add_library(${target} STATIC ${ARG_SRCS} ${ARG_HDRS})
-    target_include_directories(${target} PUBLIC ${include_dirs})
-    target_link_libraries(${target} PUBLIC ${ARG_DEPS})
-    target_compile_features(${target} PUBLIC cxx_std_20)
+    set(scope PUBLIC)
+    add_library(${target} STATIC ${ARG_SRCS})
     # Position-independent unless the project chose otherwise, so that the static libraries
     # also link into shared libraries and plugins (measured: no change in grace-bench map).
     if(NOT DEFINED CMAKE_POSITION_INDEPENDENT_CODE)
       set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
     endif()
   else()
-    add_library(${target} INTERFACE ${ARG_HDRS})
-    target_include_directories(${target} INTERFACE ${include_dirs})
-    target_link_libraries(${target} INTERFACE ${ARG_DEPS})
-    target_compile_features(${target} INTERFACE cxx_std_20)
+    set(scope INTERFACE)
+    add_library(${target} INTERFACE)
   endif()
+  target_sources(${target} ${scope} FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_SOURCE_DIR}/include
+                 FILES ${ARG_HDRS})
+  target_link_libraries(${target} ${scope} ${ARG_DEPS})
+  # C++20 is a usage requirement: grace's headers need it in every unit that includes them.
+  target_compile_features(${target} ${scope} cxx_std_20)
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${ARG_NAME})
   add_library(grace::${ARG_NAME} ALIAS ${target})
 endfunction()

@@ -8,14 +8,12 @@ include(CMakePackageConfigHelpers)
 
 set(GRACE_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/grace)
 
+# The headers are the libraries' file sets (grace_cc_library's HDRS: everything under the
+# components' include/ folders, detail/ included); the src/*_internal.h headers stay behind.
 install(TARGETS grace_reclaim grace_alloc grace_map grace
         EXPORT graceTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-# Every header under the components' include/ folders is public (detail/ ones are included
-# by the public ones); the src/*_internal.h headers stay behind.
-install(DIRECTORY reclaim/include/grace alloc/include/grace map/include/grace
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h")
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT graceTargets
         NAMESPACE grace::
         DESTINATION ${GRACE_INSTALL_CMAKEDIR})
