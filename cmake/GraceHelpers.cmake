@@ -1,8 +1,7 @@
-# grace_cc_library(NAME n [HDRS ...] [SRCS ...] [DEPS ...])
+# grace_cc_library(NAME n HDRS ... SRCS ... [DEPS ...])
 #   Defines grace_<n> with the alias grace::<n> (also its name when installed). HDRS are its
 #   public headers, every one under include/ (configure fails naming one left out): a file set
 #   that gives the include directory and is what `cmake --install` installs.
-#   Without SRCS it is an INTERFACE library.
 function(grace_cc_library)
   cmake_parse_arguments(ARG "" "NAME" "HDRS;SRCS;DEPS" ${ARGN})
   set(target grace_${ARG_NAME})
@@ -14,23 +13,17 @@ function(grace_cc_library)
                           "it would not be installed")
     endif()
   endforeach()
-  if(ARG_SRCS)
-    set(scope PUBLIC)
-    add_library(${target} STATIC ${ARG_SRCS})
-    # Position-independent unless the project chose otherwise, so that the static libraries
-    # also link into shared libraries and plugins (measured: no change in grace-bench map).
-    if(NOT DEFINED CMAKE_POSITION_INDEPENDENT_CODE)
-      set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
-    endif()
-  else()
-    set(scope INTERFACE)
-    add_library(${target} INTERFACE)
+  add_library(${target} STATIC ${ARG_SRCS})
+  # Position-independent unless the project chose otherwise, so that the static libraries
+  # also link into shared libraries and plugins (measured: no change in grace-bench map).
+  if(NOT DEFINED CMAKE_POSITION_INDEPENDENT_CODE)
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   endif()
-  target_sources(${target} ${scope} FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_SOURCE_DIR}/include
+  target_sources(${target} PUBLIC FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_SOURCE_DIR}/include
                  FILES ${ARG_HDRS})
-  target_link_libraries(${target} ${scope} ${ARG_DEPS})
+  target_link_libraries(${target} PUBLIC ${ARG_DEPS})
   # C++20 is a usage requirement: grace's headers need it in every unit that includes them.
-  target_compile_features(${target} ${scope} cxx_std_20)
+  target_compile_features(${target} PUBLIC cxx_std_20)
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${ARG_NAME})
   add_library(grace::${ARG_NAME} ALIAS ${target})
 endfunction()

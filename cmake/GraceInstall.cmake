@@ -5,6 +5,7 @@
 # pkg-config file for builds without CMake. Included from the top-level CMakeLists.txt when
 # GRACE_INSTALL is ON.
 include(CMakePackageConfigHelpers)
+include(GNUInstallDirs)
 
 set(GRACE_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/grace)
 

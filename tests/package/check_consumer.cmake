@@ -46,6 +46,9 @@ file(REMOVE_RECURSE ${WORK_DIR})
 set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${LIBDIR}/pkgconfig:$ENV{PKG_CONFIG_PATH}")
 set(build_args -G ${GENERATOR} -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}
                -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
+# The compiler as the builds without CMake below call it (pkg-config carries no standard).
+separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
+set(compile ${CXX_COMPILER} ${cxx_flags} -std=c++20)
 
 if(MODE STREQUAL "install")
   file(REMOVE_RECURSE ${PREFIX})
@@ -74,13 +77,12 @@ if(MODE STREQUAL "install")
   endif()
   # Every installed header compiles on its own: none relies on another included before it.
   grace_pc_flags(cflags --cflags)
-  separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
   file(GLOB_RECURSE headers RELATIVE ${PREFIX}/include ${PREFIX}/include/grace/*.h)
   foreach(header ${headers})
     string(MAKE_C_IDENTIFIER ${header} unit)
     file(WRITE ${WORK_DIR}/headers/${unit}.cc "#include <${header}>\n")
-    run_step("${header} on its own" ${CXX_COMPILER} ${cxx_flags} -std=c++20 -fsyntax-only
-                                     ${cflags} ${WORK_DIR}/headers/${unit}.cc)
+    run_step("${header} on its own"
+             ${compile} -fsyntax-only ${cflags} ${WORK_DIR}/headers/${unit}.cc)
   endforeach()
   return()
 endif()
@@ -91,11 +93,9 @@ if(MODE STREQUAL "pkg_config")
     require_inside("${value}" ${PREFIX} "grace.pc's ${variable}")
   endforeach()
   grace_pc_flags(flags --cflags --libs)
-  separate_arguments(cxx_flags UNIX_COMMAND "${CXX_FLAGS}")
   file(MAKE_DIRECTORY ${WORK_DIR})
   run_step("compile and link the consumer with pkg-config's flags"
-           ${CXX_COMPILER} ${cxx_flags} -std=c++20 ${CMAKE_CURRENT_LIST_DIR}/consumer/main.cc
-                           ${flags} -o ${WORK_DIR}/consumer)
+           ${compile} ${CMAKE_CURRENT_LIST_DIR}/consumer/main.cc ${flags} -o ${WORK_DIR}/consumer)
   run_step("run the consumer" ${WORK_DIR}/consumer)
   return()
 endif()
