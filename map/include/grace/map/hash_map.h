@@ -120,7 +120,7 @@ struct hash_map_options {
   // aims at this load factor; shrinking at half of it (hysteresis), and shrink_load_factor
   // must stay below that half. The defaults spend 16 to 32 bytes of buckets per element
   // after a grow, and up to 128 before a shrink: grow at 0.5 where a bucket costs 8 bytes
-  // (x86-64), so a lookup passes ~1.25 elements where at 1.0 it passes ~1.5 (map/README.md,
+  // (x86-64), so a lookup passes ~1.25 elements where at 1.0 it passes ~1.5 (map/MEASUREMENTS.md,
   // "Session 19"); 1.0 where links carry no tags and a bucket costs 16 (split_list.h, L7).
   // The shrink default is an eighth of the grow default in both, so that a shrink lands at
   // twice the shrink load factor or more, and the next erases do not shrink again.

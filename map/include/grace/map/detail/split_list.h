@@ -13,7 +13,8 @@
 // with its buckets renamed: they take a bucket from the hash's low bits and sort by the
 // reversed hash (their bucket t splits into t and t + 2^k); taking it from the top bits sorts
 // by the so_key itself, without the ~20 instructions of a reversal on every operation
-// (map/README.md, "The algorithm" item 5, and "Session 11: buckets from the top bits").
+// (map/README.md, "The algorithm" item 5; map/MEASUREMENTS.md, "Session 11: buckets from
+// the top bits").
 //
 //   size 4:  d(00) -> e(00..) -> d(01) -> e(01..) -> e(01..) -> d(10) -> d(11) -> e(11..)
 //
@@ -186,7 +187,7 @@ inline constexpr std::uint64_t kSoKeyMultiplier = 0x9E3779B97F4A7C15ull;
 
 // (L1): an element's so_key is odd. An `avalanching` 64-bit hash, each of whose bits depends
 // on every bit of the key, is taken as it is: the multiply would only lengthen the path from
-// the key to its bucket's dummy (map/README.md, "Session 11: buckets from the top bits").
+// the key to its bucket's dummy (map/MEASUREMENTS.md, "Session 11: buckets from the top bits").
 inline std::uint64_t element_so_key(std::uint64_t hash, bool avalanching) noexcept {
   return (avalanching ? hash : hash * kSoKeyMultiplier) | 1;
 }
@@ -291,7 +292,7 @@ class [[gnu::abi_tag(GRACE_MAP_LAYOUT_ABI_TAG)]] split_list {
 
   // Element count bookkeeping: per-CPU counters, summed on read (size()). The add is a
   // restartable sequence where the process may use them, not a locked instruction: ~20%
-  // more batch_add_batch_del (map/README.md, "Session 22").
+  // more batch_add_batch_del (map/MEASUREMENTS.md, "Session 22").
   void count(std::int64_t delta) noexcept {
     counter& mine = counters_[current_cpu() & counter_mask_];
     if (!counts_by_sequences_ ||
