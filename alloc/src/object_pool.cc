@@ -1537,6 +1537,7 @@ object_pool::object_pool(std::size_t object_size, pool_options options, domain& 
     : object_size_(object_size),
       options_(resolve_options(object_size, options)),
       domain_(reclamation),
+      counted_in_domain_(reclamation),
       caches_(std::make_unique<detail::pool_cache[]>(detail::cpu_shard_count())),
       cache_mask_(detail::cpu_shard_count() - 1),
       restartable_sequences_(options_.restartable_sequences &&

@@ -170,6 +170,14 @@ domain::domain(domain_options options)
       engine_(std::make_unique<detail::reclaim_engine>(*this)) {}
 
 domain::~domain() {
+  // Relaxed: see users_.
+  if (const std::size_t users = users_.load(std::memory_order_relaxed); users != 0) {
+    std::fprintf(stderr,
+                 "grace: grace::domain at %p destroyed while %zu object pool(s) built on it "
+                 "still exist (each grace::hash_map has one); destroy them first\n",
+                 static_cast<void*>(this), users);
+    std::abort();
+  }
   barrier();
   engine_.reset();  // stops the threads after a last flush
   const std::size_t size = detail::retire_block::bytes_for(block_capacity_);

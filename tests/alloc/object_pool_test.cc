@@ -1624,6 +1624,32 @@ TEST(ObjectPool, DestroyingWithObjectsStillAllocatedReleasesTheMemoryInReleaseBu
 }
 #endif
 
+// A domain destroyed before a pool built on it would stop its engine under the pool's trim
+// passes: it aborts, in every build, saying what to destroy first.
+TEST(ObjectPool, DestroyingTheDomainBeforeAPoolBuiltOnItAbortsSayingSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto d = std::make_unique<grace::domain>();
+        grace::object_pool pool(64, grace::pool_options{}, *d);
+        pool.deallocate(pool.allocate());
+        d.reset();
+      },
+      "grace::domain at 0x[0-9a-f]+ destroyed while 1 object pool\\(s\\) built on it still "
+      "exist");
+}
+
+TEST(ObjectPool, ADomainOutlivingItsPoolsIsDestroyedWithoutComplaint) {
+  auto d = std::make_unique<grace::domain>();
+  {
+    grace::object_pool first(64, grace::pool_options{}, *d);
+    grace::object_pool second(128, grace::pool_options{}, *d);
+    first.deallocate(first.allocate());
+    second.deallocate(second.allocate());
+  }
+  d.reset();  // aborts if a pool's count was left behind
+}
+
 // ---------------------------------------------------------------------------------------------
 // AddressSanitizer: objects in ready magazines are poisoned.
 

@@ -1,7 +1,8 @@
 // Misuse of grace::hash_map that the library diagnoses instead of corrupting memory quietly:
-// a map destroyed while another thread still uses it, a map updated from inside its own
-// update() or erase_if() callback, and a transparent Hash that hashes a lookup key otherwise
-// than the Key it stands for (builds with GRACE_CHECK_MISUSE, the default without NDEBUG),
+// the map's domain destroyed before the map (every build); a map destroyed while another
+// thread still uses it, a map updated from inside its own update() or erase_if() callback,
+// and a transparent Hash that hashes a lookup key otherwise than the Key it stands for
+// (builds with GRACE_CHECK_MISUSE, the default without NDEBUG);
 // and a pointer from a pinned view read after the view ended (AddressSanitizer builds,
 // through the element pool's poisoning).
 //
@@ -14,18 +15,34 @@
 #include <cstdio>
 #include <functional>
 #include <latch>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "grace/map/hash_map.h"
+#include "grace/reclaim/domain.h"
 #include "tests/testing/testing.h"
 
 
 namespace {
 
 using u64_map = grace::hash_map<std::uint64_t, std::uint64_t>;
+
+// Every build: a map's pool counts itself on its domain (ObjectPool tests the pool alone).
+TEST(HashMapMisuse, DestroyingTheDomainBeforeAMapBuiltOnItAbortsSayingSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto d = std::make_unique<grace::domain>();
+        u64_map map(grace::hash_map_options{.reclamation = d.get()});
+        for (std::uint64_t key = 0; key < 1000; ++key) map.insert_or_assign(key % 10, key);
+        d.reset();
+      },
+      "destroyed while 1 object pool\\(s\\) built on it still exist \\(each grace::hash_map "
+      "has one\\); destroy them first");
+}
 
 #if GRACE_CHECK_MISUSE
 

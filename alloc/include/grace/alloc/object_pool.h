@@ -244,6 +244,7 @@ class object_pool {
   std::size_t object_size_;
   pool_options options_;
   domain& domain_;
+  detail::domain_user counted_in_domain_;  // destroyed after the members below, which use it
   std::unique_ptr<detail::pool_cache[]> caches_;
   unsigned cache_mask_;
   bool restartable_sequences_;  // (A8): set once, before the pool is shared

@@ -62,6 +62,7 @@ namespace grace {
 
 namespace detail {
 class reclaim_engine;
+class domain_user;
 }  // namespace detail
 
 // How retired objects are grouped into grace periods.
@@ -137,7 +138,9 @@ class domain {
   explicit domain(domain_options options = {});
   // Runs barrier(), waits for threads that owe the domain work at the end of their read
   // section (synchronize_when_unpinned(), back-pressure), then stops the engine. Requires:
-  // no thread uses the domain otherwise any more.
+  // no thread uses the domain otherwise any more, and every object_pool built on it (each
+  // grace::hash_map has one) is gone: one that is not aborts the process with a message
+  // that says so, where its next trim pass would use the stopped engine.
   ~domain();
 
   domain(const domain&) = delete;
@@ -213,6 +216,7 @@ class domain {
 
  private:
   friend class detail::reclaim_engine;
+  friend class detail::domain_user;
 
   // The shard had no open block (`taken` is nullptr, and this thread now holds the shard),
   // or another thread holds it (`taken` is shard_held(): use a block of our own).
@@ -231,7 +235,30 @@ class domain {
   std::uint64_t block_bytes_budget_;  // a block is submitted once its objects weigh this much
   detail::gp_sequence gp_;
   std::unique_ptr<detail::reclaim_engine> engine_;
+  // Live detail::domain_user objects (one per object_pool built on this domain). Relaxed:
+  // a correct program destroys every pool before the domain, which orders the decrements
+  // before ~domain()'s check; only a program that breaks that order is reported.
+  std::atomic<std::size_t> users_{0};
 };
+
+namespace detail {
+// Counts its owner (an object_pool) as a user of a domain for as long as it lives, so that
+// a domain destroyed first says so instead of crashing in its own teardown.
+class domain_user {
+ public:
+  explicit domain_user(domain& reclamation) noexcept : domain_(reclamation) {
+    domain_.users_.fetch_add(1, std::memory_order_relaxed);  // Relaxed: see domain::users_.
+  }
+  ~domain_user() {
+    domain_.users_.fetch_sub(1, std::memory_order_relaxed);  // Relaxed: see domain::users_.
+  }
+  domain_user(const domain_user&) = delete;
+  domain_user& operator=(const domain_user&) = delete;
+
+ private:
+  domain& domain_;
+};
+}  // namespace detail
 
 inline void domain::retire(void* object, void (*deleter)(void*), std::size_t bytes) noexcept {
   // Counted here, published only after the deleter returns (see reclaim_engine::barrier()).
