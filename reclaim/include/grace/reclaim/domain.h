@@ -104,7 +104,7 @@ struct domain_options {
   // liburcu folds into the GP thread's grace period waits while that thread waits behind the
   // worker. 19 makes freeing background work that grace periods never wait behind; under a
   // flood the backlog then reaches the hard limits, and back-pressure makes the retiring
-  // threads wait for the starved worker (reclaim/README.md, "Freeing as background work").
+  // threads wait for the starved worker (reclaim/MEASUREMENTS.md, "Freeing as background work").
   // The worker starts at the nice value of the thread that creates the domain (after
   // fork(), of the forking thread); 0 keeps that one, whatever it is, and a higher value
   // raises it to this if it is lower. Never lowered: that needs CAP_SYS_NICE.
