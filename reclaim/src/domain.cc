@@ -15,6 +15,7 @@
 #include <string>
 
 #include "fork_internal.h"
+#include "grace/reclaim/detail/fork.h"
 #include "reclaim_engine_internal.h"
 
 namespace grace {
@@ -174,8 +175,12 @@ domain::~domain() {
   if (const std::size_t users = users_.load(std::memory_order_relaxed); users != 0) {
     std::fprintf(stderr,
                  "grace: grace::domain at %p destroyed while %zu object pool(s) built on it "
-                 "still exist (each grace::hash_map has one); destroy them first\n",
-                 static_cast<void*>(this), users);
+                 "still exist (each grace::hash_map has one); destroy them first%s\n",
+                 static_cast<void*>(this), users,
+                 detail::process_fork_generation() != 0
+                     ? " (in a fork() child, pools of the parent's threads count too: leave "
+                       "the domain alive or end the child with _exit())"
+                     : "");
     std::abort();
   }
   barrier();

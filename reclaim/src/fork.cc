@@ -45,7 +45,9 @@
 //   - Counters a dead thread may have left behind: emergency_outstanding_ (recounted from
 //     the postponed reclaims the child adopts, see thread_registry.cc), progress_waiters_,
 //     the sleeping flags, and the hint of grace periods run elsewhere (foreign_gp_ns_,
-//     held_cookie_): reset in the child. Tickets (gp_.started/completed) are changed
+//     held_cookie_): reset in the child. A domain's count of the pools built on it (users_) is
+//     not: the parent's pools are in the child's memory too, and a domain destroyed before
+//     them aborts (domain.cc). Tickets (gp_.started/completed) are changed
 //     only inside the gate. The pending counts are recounted from what the child holds
 //     (back-pressure waits for them to fall); other statistics may be off by what was in
 //     flight.

@@ -272,4 +272,27 @@ TEST(ObjectPoolFork, APoolConstructedInsideAReadSectionDuringAForkDoesNotDeadloc
 }
 #endif
 
+#if !GRACE_TESTING_TSAN  // the child restarts the domain's engine threads, as above
+// A pool of the parent's still counts on its domain in the child, where no thread may own it
+// any more: destroying the domain there aborts, and the message names the fork case. The
+// death test's process forks; its child destroys the domain, and the parent aborts too once
+// the child has died, so that the message the child printed decides the test.
+TEST(ObjectPoolFork, DestroyingTheDomainInAChildWhileAPoolOfTheParentExistsAbortsSayingSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto d = std::make_unique<grace::domain>();
+        grace::object_pool pool(kObjectSize, grace::pool_options{}, *d);
+        pool.deallocate(pool.allocate());
+        (void)gt::run_in_child([&] {
+          d.reset();
+          return 0;
+        });
+        std::abort();
+      },
+      "destroyed while 1 object pool\\(s\\) built on it still exist .*in a fork\\(\\) child, "
+      "pools of the parent's threads count too");
+}
+#endif
+
 }  // namespace

@@ -244,7 +244,8 @@ class object_pool {
   std::size_t object_size_;
   pool_options options_;
   domain& domain_;
-  detail::domain_user counted_in_domain_;  // destroyed after the members below, which use it
+  // Counts the pool on domain_ until the destructor's body, which uses the domain last, is done.
+  detail::domain_user counted_in_domain_;
   std::unique_ptr<detail::pool_cache[]> caches_;
   unsigned cache_mask_;
   bool restartable_sequences_;  // (A8): set once, before the pool is shared

@@ -140,7 +140,7 @@ class domain {
   // section (synchronize_when_unpinned(), back-pressure), then stops the engine. Requires:
   // no thread uses the domain otherwise any more, and every object_pool built on it (each
   // grace::hash_map has one) is gone: one that is not aborts the process with a message
-  // that says so, where its next trim pass would use the stopped engine.
+  // that says so, where the pool's destructor and trim passes would use a destroyed domain.
   ~domain();
 
   domain(const domain&) = delete;
