@@ -244,7 +244,7 @@ struct pool_core {
             std::uint64_t high_mark, std::uint64_t request_threshold,
             std::uint64_t caller_threshold, unsigned slots)
       : pool(owner),
-        reclamation(owner.domain_),
+        reclamation(*owner.domain_),
         stride(object_stride),
         slot_reciprocal(((std::uint64_t{1} << 32) + object_stride - 1) / object_stride),
         first_offset(layout.first_offset),
@@ -1537,7 +1537,6 @@ object_pool::object_pool(std::size_t object_size, pool_options options, domain& 
     : object_size_(object_size),
       options_(resolve_options(object_size, options)),
       domain_(reclamation),
-      counted_in_domain_(reclamation),
       caches_(std::make_unique<detail::pool_cache[]>(detail::cpu_shard_count())),
       cache_mask_(detail::cpu_shard_count() - 1),
       restartable_sequences_(options_.restartable_sequences &&
@@ -1560,14 +1559,14 @@ object_pool::~object_pool() {
   // wait for them once, and for every retire() the pool made (shed magazines, trim passes).
   // SeqCst: see trim_pass(); from here on no pass trims or reschedules.
   core.destroying.store(true, std::memory_order_seq_cst);
-  domain_.synchronize();
-  domain_.barrier();
+  domain_->synchronize();
+  domain_->barrier();
   // A pass that was already running may have rescheduled itself (defer_housekeeping() is
   // not chased by barrier()): wait for it too. Acquire: pairs with the pass's Release store.
   const std::uint32_t here = detail::pool_core::generation_tag();
   while (core.trim_scheduled.load(std::memory_order_seq_cst) == here ||
          core.trim_running.load(std::memory_order_acquire) == here) {
-    domain_.barrier();
+    domain_->barrier();
   }
   // What other threads deferred to a chunk lock holder, and, in the child of a fork(), the
   // lock a thread of the parent held (taken over and repaired).
@@ -1711,7 +1710,7 @@ void object_pool::deallocate_slow(detail::pool_cache& cache, void* object) noexc
     core.update_gauges(cache);
     release_hold(cache);
     core.unheld_deallocations.fetch_add(1, std::memory_order_relaxed);
-    domain_.retire(object, &detail::pool_core::release_object_after_gp, object_size_);
+    domain_->retire(object, &detail::pool_core::release_object_after_gp, object_size_);
     return;
   }
   target->objects()[target->count++] = object;
@@ -1811,7 +1810,7 @@ void object_pool::deallocate_contended_slow(unsigned home, void* object) noexcep
   }
   // Every cache is held: the object goes back to its chunk after a grace period.
   core_->unheld_deallocations.fetch_add(1, std::memory_order_relaxed);
-  domain_.retire(object, &detail::pool_core::release_object_after_gp, object_size_);
+  domain_->retire(object, &detail::pool_core::release_object_after_gp, object_size_);
 }
 
 void object_pool::allocate_bulk(void** objects, std::size_t count) {
@@ -1910,9 +1909,9 @@ void object_pool::destroy_deallocated() {
   }
   // Sealed magazines carry cookies up to this one: they elapse, and the objects retired alone
   // are destroyed.
-  const std::uint64_t sealed_by = domain_.gp_cookie();
-  domain_.synchronize();
-  domain_.barrier();
+  const std::uint64_t sealed_by = domain_->gp_cookie();
+  domain_->synchronize();
+  domain_->barrier();
   if (options_.destroy == nullptr) return;
   // In each cache the magazines sealed above are all elapsed: those still waiting are
   // finished here, and the takes recorded in its finishing slots when it is held (the

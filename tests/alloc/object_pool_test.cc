@@ -1624,8 +1624,8 @@ TEST(ObjectPool, DestroyingWithObjectsStillAllocatedReleasesTheMemoryInReleaseBu
 }
 #endif
 
-// A domain destroyed before a pool built on it would stop its engine under the pool's trim
-// passes: it aborts, in every build, saying what to destroy first.
+// A domain destroyed before a pool built on it would leave the pool's destructor and trim
+// passes using a destroyed domain: it aborts, in every build, saying what to destroy first.
 TEST(ObjectPool, DestroyingTheDomainBeforeAPoolBuiltOnItAbortsSayingSo) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(

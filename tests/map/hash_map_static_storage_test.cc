@@ -78,14 +78,9 @@ exit_check check_at_exit;
 
 using counted_map = grace::hash_map<std::uint64_t, counted_value>;
 
-grace::hash_map_options by_updaters() {
-  grace::hash_map_options options;
-  options.destruction = grace::element_destruction::by_updaters;
-  return options;
-}
-
 counted_map destroyed_on_reclaim_worker;
-counted_map destroyed_by_updaters(by_updaters());
+counted_map destroyed_by_updaters(
+    grace::hash_map_options{.destruction = grace::element_destruction::by_updaters});
 
 // Built by the first thread that asks, not by main().
 counted_map& function_local_map() {

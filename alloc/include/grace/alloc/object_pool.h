@@ -178,7 +178,7 @@ class object_pool {
 
   pool_stats stats() const noexcept;
   std::size_t object_size() const noexcept { return object_size_; }
-  domain& reclamation_domain() const noexcept { return domain_; }
+  domain& reclamation_domain() const noexcept { return *domain_; }
   const pool_options& options() const noexcept { return options_; }
   // Whether allocate() and deallocate() run their rseq fast path (pool_options).
   bool uses_restartable_sequences() const noexcept { return restartable_sequences_; }
@@ -243,9 +243,8 @@ class object_pool {
 
   std::size_t object_size_;
   pool_options options_;
-  domain& domain_;
-  // Counts the pool on domain_ until the destructor's body, which uses the domain last, is done.
-  detail::domain_user counted_in_domain_;
+  // Counts the pool on its domain until the destructor's body, the domain's last use, is done.
+  detail::domain_user domain_;
   std::unique_ptr<detail::pool_cache[]> caches_;
   unsigned cache_mask_;
   bool restartable_sequences_;  // (A8): set once, before the pool is shared

@@ -242,8 +242,9 @@ class domain {
 };
 
 namespace detail {
-// Counts its owner (an object_pool) as a user of a domain for as long as it lives, so that
-// a domain destroyed first says so instead of crashing in its own teardown.
+// Its owner's reference to a domain (an object_pool's), counted as a user of that domain for
+// as long as it lives, so that a domain destroyed first says so instead of crashing in its
+// own teardown.
 class domain_user {
  public:
   explicit domain_user(domain& reclamation) noexcept : domain_(reclamation) {
@@ -254,6 +255,9 @@ class domain_user {
   }
   domain_user(const domain_user&) = delete;
   domain_user& operator=(const domain_user&) = delete;
+
+  domain& operator*() const noexcept { return domain_; }
+  domain* operator->() const noexcept { return &domain_; }
 
  private:
   domain& domain_;
